@@ -1,0 +1,59 @@
+#pragma once
+// The `crucible train` and `crucible evaluate` commands as library functions
+// (the CLI in cli.cpp parses arguments and calls these).
+
+#include "crucible/config/config.h"
+#include "crucible/training/metrics.h"
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+/// Finds a data file: `path` itself if absolute or present relative to the
+/// current directory; else, for a path starting with "data/", the same file
+/// under the source tree's data/ folder (CRUCIBLE_DATA_DIR).
+/// @throws DataError "<key> file '<path>' does not exist (looked in: ...)".
+std::string resolve_data_path(const std::string& path, const std::string& key);
+
+/// What `run_training` produced.
+struct TrainResult {
+  std::string run_dir;                  ///< directory written.
+  ValidationSummary validation;         ///< final validation metrics (meV units).
+  double wall_seconds = 0;              ///< total wall time of the command, s.
+  int64_t steps = 0;                    ///< optimizer steps taken.
+  int64_t epochs = 0;                   ///< epochs completed.
+};
+
+/// `crucible train`: reads and checks all data and the config, then creates
+/// the run directory (config.yaml first, summary.json last), trains, saves
+/// model.pt / model.json and prints progress and a final summary to `out`
+/// (warnings to `err`). `command_line` is recorded in config.yaml.
+/// @throws ConfigError / DataError for user errors, before the run directory
+///         is created when they concern the inputs.
+TrainResult run_training(const Config& config, std::ostream& out, std::ostream& err,
+                         const std::string& command_line = "");
+
+/// Options of `crucible evaluate`.
+struct EvaluateRequest {
+  std::string model_dir;                 ///< run directory with model.json / model.pt.
+  std::string data_file;                 ///< extxyz file to evaluate on.
+  std::vector<std::string> overrides;    ///< "data.key=value" (keys and units).
+  int64_t batch_size = 32;               ///< structures per batch, >= 1.
+  std::string device = "cpu";            ///< cpu, cuda, cuda:N.
+  std::optional<std::string> json_path;  ///< also write the metrics here as JSON.
+};
+
+/// `crucible evaluate`: loads the model, reads `data_file` with the data
+/// settings of training (keys, units) updated by `overrides`, prints the
+/// number of structures and energy (meV/atom), force (meV/Å) and stress
+/// (meV/Å³, when present) MAE/RMSE plus the zero-forces baseline.
+/// @throws ConfigError for a bad override (only data.* keys are allowed),
+///         DataError for a bad model directory or data file.
+ValidationSummary run_evaluation(const EvaluateRequest& request, std::ostream& out,
+                                 std::ostream& err);
+
+}  // namespace crucible

@@ -1,0 +1,46 @@
+#pragma once
+// Saving and loading a trained model: <run_dir>/model.pt + <run_dir>/model.json.
+
+#include "crucible/config/config.h"
+#include "crucible/models/schnet.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+/// What model.json records besides the weights.
+struct ModelMetadata {
+  std::string model_type = "schnet";  ///< architecture name.
+  SchNetOptions options;              ///< hyperparameters (cutoff in Å).
+  std::string dtype = "float32";      ///< "float32" or "float64": dtype of model.pt.
+  std::vector<int64_t> atomic_numbers;  ///< elements seen in training, ascending Z.
+  std::map<int64_t, double> e0;       ///< reference energy per element, eV.
+  double scale = 1.0;                 ///< energy scale, eV.
+  double shift = 0.0;                 ///< energy shift, eV/atom.
+  /// Data settings of training (keys and file units), reused by `evaluate`.
+  DataConfig data;
+};
+
+/// Writes `<run_dir>/model.pt` (torch::save of the module's parameters and
+/// buffers, on CPU, in the model's dtype) and `<run_dir>/model.json`
+/// (format "crucible-model" version 1: model_type, hyperparameters, dtype,
+/// cutoff_angstrom, elements, e0_eV, scale_eV, shift_eV_per_atom, units of
+/// outputs, data settings). Both via a temporary file + rename.
+/// The model is moved to CPU. @throws DataError if a file cannot be written.
+void save_model(const std::string& run_dir, SchNet& model, const ModelMetadata& meta);
+
+/// A model loaded from a run directory.
+struct LoadedModel {
+  SchNet model{nullptr};  ///< on CPU, in `meta.dtype`, eval mode.
+  ModelMetadata meta;
+};
+
+/// Loads `<run_dir>/model.json` and `<run_dir>/model.pt`.
+/// @throws DataError naming the file if either is missing, unreadable or
+///         inconsistent (unknown format/model type, wrong parameter shapes).
+LoadedModel load_model(const std::string& run_dir);
+
+}  // namespace crucible

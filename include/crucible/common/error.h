@@ -1,0 +1,24 @@
+#pragma once
+// Typed exceptions: user errors (bad files, bad configs) are not bugs.
+
+#include <stdexcept>
+#include <string>
+
+namespace crucible {
+
+/// Bad input data (a file the user gave us). The message always starts with
+/// "<file>:<line>: " when a line is known, then "<what> must be <expected>,
+/// got <actual>".
+class DataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Bad configuration (YAML key, command-line override, option value). The
+/// message names the dotted key path, e.g. "training.optimizer.lr".
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace crucible

@@ -1,0 +1,174 @@
+#pragma once
+// Run configuration: the YAML schema of `crucible train`, its defaults,
+// documentation, validation and `key.path=value` command-line overrides.
+//
+// The struct tree below is plain C++ (no yaml-cpp types); src/config/config.cpp
+// holds the one schema table that drives loading, overrides, dumping and the
+// key documentation (docs/config.md mirrors it).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+/// Physical quantity a unit setting converts (selects the table of names).
+enum class UnitQuantity {
+  kEnergy,  ///< energies and virials → eV.
+  kForces,  ///< forces → eV/Å.
+  kStress,  ///< stresses → eV/Å³.
+};
+
+/// A unit as the user wrote it plus the multiplier to Crucible's units.
+/// `factor` multiplies values read from the file: value_eV = factor · value_file.
+struct UnitSetting {
+  std::string name;     ///< named unit ("kcal/mol", "eV/Å"); empty if given as a number.
+  double factor = 1.0;  ///< multiplier to eV / eV/Å / eV/Å³; finite and > 0.
+
+  /// The name, or the factor printed with 17 significant digits.
+  std::string to_string() const;
+  bool operator==(const UnitSetting& o) const { return name == o.name && factor == o.factor; }
+  bool operator!=(const UnitSetting& o) const { return !(*this == o); }
+};
+
+/// Parses a named unit (case-insensitive ASCII; "Å" and "A" both mean ångström).
+/// Energy: eV, meV, kcal/mol, kJ/mol, Hartree (Ha), Ry. Forces: <energy>/Å,
+/// <energy>/A, <energy>/Bohr. Stress: <energy>/Å^3 (also Å³, A^3, A3,
+/// Bohr^3), GPa, kbar. Values from CODATA 2018 (N_A·e = 96485.33212 C/mol,
+/// Hartree = 27.211386245988 eV, Bohr = 0.529177210903 Å).
+/// @return the multiplier to eV units, or std::nullopt if `text` is not a known name.
+std::optional<double> named_unit_factor(UnitQuantity quantity, const std::string& text);
+
+/// Named units accepted for `quantity`, canonical spellings, for messages.
+std::vector<std::string> unit_names(UnitQuantity quantity);
+
+/// `data` section: which files to read and how to interpret them.
+struct DataConfig {
+  std::string train_file = "data/alloy_TiAl/TiAl_tutorial.xyz";  ///< extxyz path.
+  std::optional<std::string> valid_file;  ///< extxyz path; unset = split train_file.
+  double valid_fraction = 0.1;            ///< fraction of train_file held out, in (0, 1).
+  int64_t seed = 1;                       ///< seed of the train/validation split, >= 0.
+  std::string energy_key = "energy";      ///< header key of the total energy.
+  std::string forces_key = "";            ///< Properties column; "" = forces, else force.
+  std::string stress_key = "stress";      ///< header key of the stress.
+  std::string virial_key = "virial";      ///< header key of the virial.
+  UnitSetting energy_unit{"eV", 1.0};     ///< file energy unit (also virials).
+  UnitSetting forces_unit{"eV/Å", 1.0};   ///< file force unit.
+  UnitSetting stress_unit{"eV/Å^3", 1.0}; ///< file stress unit.
+};
+
+/// `model` section: architecture hyperparameters.
+struct ModelConfig {
+  std::string type = "schnet";   ///< model family; only "schnet" for now.
+  int64_t hidden_channels = 32;  ///< atom feature size, >= 2.
+  int64_t num_filters = 32;      ///< continuous-filter size, >= 1.
+  int64_t num_interactions = 2;  ///< interaction blocks, >= 1.
+  int64_t num_gaussians = 20;    ///< radial basis size, >= 2.
+  double cutoff = 5.0;           ///< neighbor cutoff, Å, > 0.
+};
+
+/// `training.optimizer` section.
+struct OptimizerSettings {
+  std::string name = "adam";  ///< "adam" or "adamw".
+  double lr = 5e-3;           ///< learning rate, > 0.
+  double weight_decay = 0.0;  ///< >= 0 (L2 for adam, decoupled for adamw).
+  double beta1 = 0.9;         ///< in [0, 1).
+  double beta2 = 0.999;       ///< in [0, 1).
+  double eps = 1e-8;          ///< > 0.
+  bool amsgrad = false;
+};
+
+/// `training.loss` section: weights of the loss terms.
+struct LossSettings {
+  double energy_weight = 1.0;   ///< weight of the energy MSE, >= 0.
+  double forces_weight = 10.0;  ///< weight of the forces MSE, >= 0.
+  double stress_weight = 1.0;   ///< weight of the stress MSE, >= 0.
+  bool energy_per_atom = true;  ///< energy MSE on E/N (eV²/atom²) instead of E (eV²).
+};
+
+/// `training` section.
+struct TrainingConfig {
+  std::optional<int64_t> num_epochs = 60;  ///< exactly one of num_epochs / num_steps.
+  std::optional<int64_t> num_steps;        ///< optimizer steps.
+  int64_t batch_size = 4;                  ///< structures per training batch, >= 1.
+  int64_t valid_batch_size = 32;           ///< structures per validation batch, >= 1.
+  int64_t seed = 42;                       ///< torch manual seed and shuffle seed, >= 0.
+  OptimizerSettings optimizer;
+  LossSettings loss;
+  int64_t validate_every_n_epochs = 1;     ///< 0 = only after training.
+  std::string dtype = "float64";           ///< "float32" or "float64".
+  std::string device = "cpu";              ///< "cpu", "cuda", "cuda:N".
+  int64_t num_threads = 2;                 ///< CPU threads; 0 = LibTorch default.
+};
+
+/// `output` section.
+struct OutputConfig {
+  std::optional<std::string> run_dir;  ///< unset = runs/<YYYYmmdd-HHMMSS>.
+  bool overwrite = false;              ///< replace an existing run directory.
+};
+
+/// The whole configuration of `crucible train`.
+struct Config {
+  DataConfig data;
+  ModelConfig model;
+  TrainingConfig training;
+  OutputConfig output;
+};
+
+/// One documented key of the schema.
+struct ConfigKeyInfo {
+  std::string path;           ///< dotted path, e.g. "training.optimizer.lr".
+  std::string type;           ///< "string", "integer", "number", "boolean", "unit", with "or null".
+  std::string default_value;  ///< YAML text of the default.
+  std::string units;          ///< physical unit, "" if dimensionless.
+  std::string doc;            ///< what the key means.
+};
+
+/// The defaults (what an empty config file gives).
+Config default_config();
+
+/// Every key of the schema, in documentation order.
+std::vector<ConfigKeyInfo> config_keys();
+
+/// Documentation of the sections ("data", "training.optimizer", ...) in order.
+std::vector<std::pair<std::string, std::string>> config_sections();
+
+/// Applies a YAML document (text) on top of `config`. `source` names it in
+/// errors (a file name). An empty document changes nothing.
+/// @throws ConfigError for invalid YAML ("<source>:<line>:<col>: invalid YAML: ..."),
+///         an unknown key ("unknown config key 'a.b' in <source> (line L); known
+///         keys: ..."), a value of the wrong type or out of range (naming the
+///         dotted path, expected type, the value and the line), or both
+///         training.num_epochs and training.num_steps set in the document.
+///         Setting one of those two unsets the other.
+void apply_config_yaml(Config& config, const std::string& yaml_text, const std::string& source);
+
+/// default_config() with the YAML file `path` applied.
+/// @throws ConfigError if the file cannot be read or is invalid (see apply_config_yaml).
+Config load_config_file(const std::string& path);
+
+/// Applies command-line overrides "key.path=value" in order; each value is
+/// parsed as YAML (so `training.num_epochs=3` is an integer, `data.valid_file=`
+/// is null) and checked like a file value. Setting both training.num_epochs
+/// and training.num_steps in one call is an error.
+/// @throws ConfigError naming the override for a missing '=', an unknown key,
+///         a wrong type or an out-of-range value.
+void apply_overrides(Config& config, const std::vector<std::string>& assignments);
+
+/// Checks every value range and the cross-key rules (exactly one of
+/// num_epochs / num_steps; some loss weight > 0; a valid device string).
+/// @throws ConfigError "<path> must be <expected>, got <actual>".
+void validate_config(const Config& config);
+
+/// The configuration as YAML with every key; with `comments`, each key is
+/// preceded by its documentation. load(dump(c)) == c.
+std::string dump_config(const Config& config, bool comments = true);
+
+/// Markdown table of every key (path, type, default, units, meaning).
+std::string config_keys_markdown();
+
+bool operator==(const Config& a, const Config& b);
+inline bool operator!=(const Config& a, const Config& b) { return !(a == b); }
+
+}  // namespace crucible

@@ -1,0 +1,90 @@
+#pragma once
+// In-memory dataset of structures with neighbor lists cached at one cutoff.
+
+#include "crucible/data/batch.h"
+#include "crucible/data/extxyz.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace crucible {
+
+/// Structures plus their neighbor lists at `cutoff` (built once: structures
+/// do not move between epochs).
+class AtomicDataset {
+ public:
+  /// Builds neighbor lists for every structure. @throws std::invalid_argument
+  /// if cutoff <= 0.
+  AtomicDataset(std::vector<Structure> structures, double cutoff);
+
+  int64_t size() const { return static_cast<int64_t>(structures_.size()); }
+  double cutoff() const { return cutoff_; }
+  const Structure& structure(int64_t i) const { return structures_.at(i); }
+  const NeighborList& neighbor_list(int64_t i) const { return neighbor_lists_.at(i); }
+  const std::vector<Structure>& structures() const { return structures_; }
+  /// Collates the structures at `indices` (float64, CPU).
+  Batch collate(const std::vector<int64_t>& indices) const;
+  /// Total number of atoms over all structures.
+  int64_t total_atoms() const;
+
+ private:
+  std::vector<Structure> structures_;
+  std::vector<NeighborList> neighbor_lists_;
+  double cutoff_;
+};
+
+/// Splits indices 0..n-1 into (train, validation) with a seeded shuffle;
+/// validation gets round(fraction * n) structures (at least 1 when
+/// 0 < fraction and n >= 2). @throws ConfigError if fraction not in [0, 1).
+std::pair<std::vector<int64_t>, std::vector<int64_t>> random_split(int64_t n, double fraction,
+                                                                   uint64_t seed);
+
+/// Deterministic permutation of 0..n-1 from `seed` (Fisher–Yates with
+/// std::mt19937_64; identical on every platform).
+std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed);
+
+/// Options of DataLoader (defaults inline).
+struct DataLoaderOptions {
+  int64_t batch_size = 8;  ///< structures per batch, >= 1. Default 8.
+  bool shuffle = true;     ///< reshuffle every epoch. Default true.
+  uint64_t seed = 0;       ///< shuffle seed; epoch e uses seed + e. Default 0.
+  bool drop_last = false;  ///< drop the last incomplete batch. Default false.
+};
+
+/// Iterates a dataset in batches, with PyTorch DataLoader semantics plus
+/// deterministic per-epoch shuffles and mid-epoch restart.
+class DataLoader {
+ public:
+  /// @throws ConfigError if batch_size < 1 or the dataset is empty.
+  DataLoader(std::shared_ptr<const AtomicDataset> dataset, DataLoaderOptions options);
+
+  /// Batches per epoch (len(dataloader)).
+  int64_t size() const;
+  /// Selects the epoch whose shuffle order the next iteration uses.
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  /// The next iteration starts at batch k of the epoch (one-shot: reset to 0
+  /// after an iteration is started). @throws std::out_of_range if k > size().
+  void set_epoch_step(int64_t k);
+  int64_t epoch() const { return epoch_; }
+  /// Dataset indices in the order of the current epoch.
+  std::vector<int64_t> epoch_order() const;
+  /// Dataset indices of batch k of the current epoch.
+  std::vector<int64_t> batch_indices(int64_t k) const;
+  /// Batch k of the current epoch (float64, CPU).
+  Batch batch(int64_t k) const { return dataset_->collate(batch_indices(k)); }
+  const AtomicDataset& dataset() const { return *dataset_; }
+  const DataLoaderOptions& options() const { return options_; }
+  /// Takes (and resets) the start batch set by set_epoch_step.
+  int64_t take_start_step();
+
+ private:
+  std::shared_ptr<const AtomicDataset> dataset_;
+  DataLoaderOptions options_;
+  int64_t epoch_ = 0;
+  int64_t start_step_ = 0;
+};
+
+}  // namespace crucible

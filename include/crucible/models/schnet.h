@@ -1,0 +1,77 @@
+#pragma once
+// SchNet (Schütt et al., J. Chem. Phys. 148, 241722 (2018)).
+
+#include "crucible/models/energy_model.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <vector>
+
+namespace crucible {
+
+/// SchNet hyperparameters (defaults inline).
+struct SchNetOptions {
+  int64_t hidden_channels = 64;   ///< atom feature size F. Default 64.
+  int64_t num_filters = 64;       ///< filter size of cfconv. Default 64.
+  int64_t num_interactions = 3;   ///< interaction blocks T. Default 3.
+  int64_t num_gaussians = 20;     ///< Gaussian radial basis size. Default 20.
+  double cutoff = 5.0;            ///< cosine cutoff radius, Å. Default 5.
+  int64_t max_atomic_number = 118;///< embedding table covers Z = 0..max. Default 118.
+};
+
+/// SchNet energy model.
+///
+/// Per atom: x_i = Embed(Z_i); T interaction blocks
+///   v_i = Σ_j W(r_ij) ⊙ (x_j W1),  W(r) = Dense(ssp(Dense(g(r)))) · f_c(r)
+///   x_i += Dense(ssp(Dense(v_i)))
+/// with Gaussian basis g_k(r) = exp(-γ (r - μ_k)²), μ_k evenly spaced on
+/// [0, cutoff], γ = 0.5 / Δμ², cosine cutoff f_c(r) = ½(cos(πr/r_c)+1) for
+/// r < r_c, shifted softplus ssp(x) = ln(½eˣ + ½). Atom-wise output
+/// y_i = Dense(ssp(Dense(x_i))) → scalar; then
+///   E = Σ_i (scale · y_i + shift + E0[Z_i])   (eV),
+/// where E0 (per-element reference energies), scale and shift are buffers set
+/// from training data (see `fit_reference_energies`).
+class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
+ public:
+  explicit SchNetImpl(SchNetOptions options = {});
+  void reset() override;
+
+  at::Tensor energy(const Batch& batch) override;
+  torch::nn::Module& module() override { return *this; }
+  double cutoff() const override { return options_.cutoff; }
+  std::string name() const override { return "schnet"; }
+
+  /// Per-atom learned contribution scale · y_i + shift, [N] (no E0).
+  at::Tensor atomic_energies(const Batch& batch);
+  /// Sets E0 ([max_atomic_number+1] eV, index = Z), scale (eV) and shift (eV/atom).
+  void set_energy_normalization(const at::Tensor& e0, double scale, double shift);
+  const SchNetOptions& options() const { return options_; }
+
+ private:
+  SchNetOptions options_;
+  torch::nn::Embedding embedding_{nullptr};
+  torch::nn::ModuleList filter1_, filter2_, in2f_, f2out_, dense_;
+  torch::nn::Linear out1_{nullptr}, out2_{nullptr};
+  at::Tensor offsets_, e0_, scale_, shift_;
+};
+TORCH_MODULE(SchNet);
+
+/// Least-squares per-element reference energies E0: minimizes
+/// Σ_s (E_s - Σ_Z n_{s,Z} E0_Z)² over structures with an energy (MACE's
+/// `compute_average_E0s`). Returns [max_z+1] float64 (eV), zero for absent
+/// elements. @throws std::invalid_argument if no structure has an energy.
+at::Tensor fit_reference_energies(const std::vector<Structure>& structures, int64_t max_z = 118);
+
+/// Energy normalization from data: shift = mean per-atom residual energy
+/// (E - ΣE0)/N and scale = RMS of force components (MACE's
+/// "rms_forces_scaling"; falls back to the std of the per-atom residual
+/// energy, then 1, if there are no forces). Returns {scale, shift} in eV.
+std::pair<double, double> fit_energy_scale_shift(const std::vector<Structure>& structures,
+                                                 const at::Tensor& e0);
+
+}  // namespace crucible

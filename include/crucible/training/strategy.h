@@ -1,0 +1,134 @@
+#pragma once
+// TrainingStrategy: the hook-driven supervised training loop (seed 002).
+
+#include "crucible/data/dataset.h"
+#include "crucible/losses/loss.h"
+#include "crucible/models/energy_model.h"
+#include "crucible/training/hook.h"
+#include "crucible/training/metrics.h"
+#include "crucible/training/stages.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+/// Optimizer by name with its options (defaults as PyTorch's).
+struct OptimizerConfig {
+  std::string name = "adam";   ///< "adam" or "adamw". Default "adam".
+  double lr = 1e-3;            ///< learning rate, > 0. Default 1e-3.
+  double weight_decay = 0.0;   ///< L2 (adam) / decoupled (adamw), >= 0. Default 0 (adamw: 1e-2 in PyTorch; set explicitly).
+  double beta1 = 0.9;          ///< Default 0.9.
+  double beta2 = 0.999;        ///< Default 0.999.
+  double eps = 1e-8;           ///< Default 1e-8.
+  bool amsgrad = false;        ///< Default false.
+};
+
+/// When validation runs and on what data.
+struct ValidationConfig {
+  std::shared_ptr<const AtomicDataset> data;  ///< validation structures (required).
+  int64_t every_n_epochs = 1;   ///< validate after every n-th epoch; 0 = never. Default 1.
+  int64_t every_n_steps = 0;    ///< validate every n optimizer steps; 0 = never. Default 0.
+  int64_t batch_size = 16;      ///< Default 16.
+};
+
+/// Everything a run needs besides the model, loss and data.
+struct StrategyOptions {
+  std::optional<int64_t> num_epochs;  ///< exactly one of num_epochs / num_steps.
+  std::optional<int64_t> num_steps;
+  double epoch_step_modifier = 1.0;   ///< epochs → steps multiplier (> 0). Default 1.
+  OptimizerConfig optimizer;
+  at::Device device = at::Device(at::kCPU);  ///< where model and batches live.
+  at::ScalarType dtype = at::kFloat;         ///< model / batch float dtype. Default float32.
+  std::optional<ValidationConfig> validation;
+};
+
+/// Forward pass used for training: model and batch in, predictions out.
+/// The default computes energy plus forces/stress as the loss needs them,
+/// with `training = true` (create_graph).
+using TrainingFn = std::function<ModelOutputs(EnergyModel& model, const Batch& batch)>;
+
+/// The supervised training loop.
+///
+/// Counters (seed 002): `step_count` advances when the optimizer step ran,
+/// `batch_count` and `epoch_step_count` for every batch, `epoch_count` at
+/// each epoch end; `global_step_count` = step_count × world size.
+/// Duration: num_steps, or num_epochs converted to
+/// ceil(num_epochs × len(loader) × epoch_step_modifier) steps.
+/// Validation runs every `every_n_epochs` epochs / `every_n_steps` steps and
+/// once more after training; AFTER_VALIDATION hooks then see the summary.
+class TrainingStrategy {
+ public:
+  /// @throws ConfigError if not exactly one of num_epochs/num_steps is set,
+  ///         a count is < 1, the loss is empty, an optimizer option is
+  ///         invalid, or the hooks are invalid (see register_hook).
+  TrainingStrategy(std::shared_ptr<EnergyModel> model, StrategyOptions options,
+                   WeightedSumLoss loss, std::vector<std::shared_ptr<Hook>> hooks = {},
+                   TrainingFn training_fn = {});
+  ~TrainingStrategy();
+
+  /// Registers a hook. @throws ConfigError for a duplicate instance or a
+  /// second claimant of DO_BACKWARD / DO_OPTIMIZER_STEP.
+  void register_hook(std::shared_ptr<Hook> hook);
+
+  /// Trains over `loader` until the step target. Restartable: counters set
+  /// before the call (e.g. from a checkpoint) continue the run mid-epoch.
+  /// @throws std::invalid_argument if the loader yields no batch.
+  void run(DataLoader& loader);
+
+  /// Trains on one batch (BEFORE_BATCH … AFTER_BATCH only); builds the
+  /// optimizer on first use. Advances counters like `run`.
+  void train_batch(const Batch& batch);
+
+  /// Runs validation now, fires AFTER_VALIDATION, returns the summary.
+  /// @throws std::logic_error if no validation is configured.
+  ValidationSummary validate();
+
+  /// Target optimizer-step count for a loader with `batches_per_epoch` batches.
+  /// @throws std::invalid_argument if num_epochs is set and batches_per_epoch <= 0.
+  int64_t target_step_count(int64_t batches_per_epoch) const;
+  /// True if validation is due after the epoch that just completed.
+  bool validation_due_after_epoch() const;
+
+  EnergyModel& model() { return *model_; }
+  std::shared_ptr<EnergyModel> model_ptr() const { return model_; }
+  const StrategyOptions& options() const { return options_; }
+  const std::vector<std::shared_ptr<Hook>>& hooks() const { return hooks_; }
+  std::vector<torch::optim::Optimizer*> optimizers();
+  const std::optional<ValidationSummary>& last_validation() const { return last_validation_; }
+
+  int64_t step_count = 0;
+  int64_t global_step_count = 0;
+  int64_t batch_count = 0;
+  int64_t epoch_count = 0;
+  int64_t epoch_step_count = 0;
+  int world_size = 1;
+
+ private:
+  void run_hooks(TrainingStage stage, TrainContext& ctx);
+  void ensure_optimizer();
+  void train_batch_impl(const Batch& batch);
+  void maybe_validate_after_step();
+  void enter_hooks();
+  void exit_hooks(bool failed);
+  TrainContext make_context(const Batch* batch);
+
+  std::shared_ptr<EnergyModel> model_;
+  StrategyOptions options_;
+  WeightedSumLoss loss_;
+  std::vector<std::shared_ptr<Hook>> hooks_;
+  TrainingFn training_fn_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::optional<ValidationSummary> last_validation_;
+  bool has_do_backward_ = false;
+  bool has_do_optimizer_step_ = false;
+  bool optimizer_step_skipped_ = false;
+};
+
+}  // namespace crucible

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs every Debian package Crucible needs to build, run and test.
+# Idempotent: packages already installed are skipped by apt-get.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libtorch-dev               # LibTorch 1.13 (CPU)
+  libopenblas0-openmp        # fast BLAS (the default reference BLAS is ~28x slower)
+  nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-ase python3-torch python3-numpy   # test oracles
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "setup: all ${#PACKAGES[@]} packages present"

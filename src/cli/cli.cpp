@@ -1,0 +1,198 @@
+// `crucible` command line (CLI11): train, evaluate, config. The one place where
+// exceptions become exit codes: user errors → 1, internal errors → 2.
+
+#include "crucible/cli/cli.h"
+
+#include "crucible/cli/commands.h"
+#include "crucible/common/error.h"
+#include "crucible/config/config.h"
+
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+#include <yaml-cpp/yaml.h>
+
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+namespace {
+
+constexpr const char* kPrefix = "crucible: error: ";
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789_-.,/:=+@%") == std::string::npos) {
+    return s;
+  }
+  std::string out = "'";
+  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+Config resolve_config(const std::string& config_file, const std::vector<std::string>& overrides) {
+  Config config = config_file.empty() ? default_config() : load_config_file(config_file);
+  apply_overrides(config, overrides);
+  validate_config(config);
+  return config;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{
+      "Crucible: train and evaluate machine-learned interatomic potentials (SchNet) on "
+      "extended XYZ data.\n\nExamples:\n"
+      "  crucible train                                  # bundled TiAl data, defaults\n"
+      "  crucible train --config configs/ethanol.yaml training.num_epochs=5\n"
+      "  crucible evaluate --model runs/ethanol --data test.xyz\n"
+      "  crucible config --dump-default > my.yaml",
+      "crucible"};
+  app.set_version_flag("--version", "crucible 0.1.0");
+  app.require_subcommand(1);
+  app.get_formatter()->column_width(34);
+
+  // train
+  std::string train_config;
+  std::vector<std::string> train_overrides;
+  bool print_config = false;
+  std::string run_dir_flag;
+  bool overwrite_flag = false;
+  CLI::App* train = app.add_subcommand(
+      "train",
+      "Train a model. Reads the data and config, checks them, then writes the run directory "
+      "(config.yaml, metrics.csv, model.pt, model.json, summary.json last).");
+  train->add_option("-c,--config", train_config, "YAML config file (see `crucible config "
+                                                 "--dump-default`); default: built-in defaults")
+      ->check(CLI::ExistingFile);
+  train->add_option("overrides", train_overrides,
+                    "Config overrides key.path=value, e.g. training.num_epochs=3 model.cutoff=4.5 "
+                    "data.train_file=foo.xyz (values parsed as YAML)");
+  train->add_option("-o,--run-dir", run_dir_flag, "Same as output.run_dir=DIR");
+  train->add_flag("--overwrite", overwrite_flag, "Same as output.overwrite=true");
+  train->add_flag("--print-config", print_config,
+                  "Print the resolved config (defaults + file + overrides) as YAML and exit");
+
+  // evaluate
+  EvaluateRequest eval;
+  std::string e_energy_key, e_forces_key, e_stress_key, e_virial_key, e_energy_unit, e_forces_unit,
+      e_stress_unit, e_json;
+  CLI::App* evaluate = app.add_subcommand(
+      "evaluate",
+      "Evaluate a trained model on an extxyz file: energy (meV/atom), forces (meV/Å) and stress "
+      "(meV/Å³) MAE/RMSE and the zero-forces baseline. Data keys and units default to those "
+      "used in training.");
+  evaluate->add_option("-m,--model", eval.model_dir, "Run directory with model.json and model.pt")
+      ->required();
+  evaluate->add_option("-d,--data", eval.data_file, "Extended XYZ file to evaluate on")->required();
+  evaluate->add_option("overrides", eval.overrides,
+                       "data.* overrides, e.g. data.energy_unit=kcal/mol data.forces_key=F");
+  evaluate->add_option("--energy-key", e_energy_key, "Same as data.energy_key=KEY");
+  evaluate->add_option("--forces-key", e_forces_key, "Same as data.forces_key=KEY");
+  evaluate->add_option("--stress-key", e_stress_key, "Same as data.stress_key=KEY");
+  evaluate->add_option("--virial-key", e_virial_key, "Same as data.virial_key=KEY");
+  evaluate->add_option("--energy-unit", e_energy_unit, "Same as data.energy_unit=UNIT");
+  evaluate->add_option("--forces-unit", e_forces_unit, "Same as data.forces_unit=UNIT");
+  evaluate->add_option("--stress-unit", e_stress_unit, "Same as data.stress_unit=UNIT");
+  evaluate->add_option("--batch-size", eval.batch_size, "Structures per batch (default 32)");
+  evaluate->add_option("--device", eval.device, "cpu, cuda or cuda:N (default cpu)");
+  evaluate->add_option("--json", e_json, "Also write the metrics to this JSON file");
+
+  // config
+  bool dump_default = false, markdown = false;
+  std::string cfg_file;
+  std::vector<std::string> cfg_overrides;
+  CLI::App* config_cmd = app.add_subcommand(
+      "config", "Print a configuration: the defaults, or a file with overrides applied.");
+  config_cmd->add_flag("--dump-default", dump_default,
+                       "Print the default config, every key commented (as configs/default.yaml)");
+  config_cmd->add_flag("--markdown", markdown, "Print the table of keys as Markdown");
+  config_cmd->add_option("-c,--config", cfg_file, "YAML config file to resolve")
+      ->check(CLI::ExistingFile);
+  config_cmd->add_option("overrides", cfg_overrides, "Config overrides key.path=value");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::cerr << kPrefix << e.what() << "\n";
+    std::cerr << "Run with --help for more information.\n";
+    return 1;
+  }
+
+  if (train->parsed()) {
+    // --run-dir is taken verbatim (not YAML-parsed), so any path works.
+    Config config = resolve_config(train_config, train_overrides);
+    if (!run_dir_flag.empty()) config.output.run_dir = run_dir_flag;
+    if (overwrite_flag) config.output.overwrite = true;
+    if (print_config) {
+      std::cout << dump_config(config, true);
+      return 0;
+    }
+    std::string command_line;
+    for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + shell_quote(argv[i]);
+    run_training(config, std::cout, std::cerr, command_line);
+    return 0;
+  }
+  if (evaluate->parsed()) {
+    auto add = [&](const std::string& key, const std::string& v) {
+      if (!v.empty()) eval.overrides.push_back("data." + key + "=" + v);
+    };
+    add("energy_key", e_energy_key);
+    add("forces_key", e_forces_key);
+    add("stress_key", e_stress_key);
+    add("virial_key", e_virial_key);
+    add("energy_unit", e_energy_unit);
+    add("forces_unit", e_forces_unit);
+    add("stress_unit", e_stress_unit);
+    if (!e_json.empty()) eval.json_path = e_json;
+    run_evaluation(eval, std::cout, std::cerr);
+    return 0;
+  }
+  if (config_cmd->parsed()) {
+    if (markdown) {
+      std::cout << config_keys_markdown();
+      return 0;
+    }
+    if (dump_default) {
+      if (!cfg_file.empty() || !cfg_overrides.empty()) {
+        throw ConfigError("--dump-default takes no --config or overrides; drop --dump-default "
+                          "to print a resolved config");
+      }
+      std::cout << dump_config(default_config(), true);
+      return 0;
+    }
+    std::cout << dump_config(resolve_config(cfg_file, cfg_overrides), true);
+    return 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const ConfigError& e) {
+    std::cerr << kPrefix << e.what() << "\n";
+    return 1;
+  } catch (const DataError& e) {
+    std::cerr << kPrefix << e.what() << "\n";
+    return 1;
+  } catch (const YAML::Exception& e) {
+    // Normally translated by the config loader; this is the safety net.
+    std::cerr << kPrefix << "invalid YAML at line " << e.mark.line + 1 << ": " << e.msg << "\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    std::cerr << "crucible: internal error: " << e.what_without_backtrace() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "crucible: internal error: " << e.what() << "\n";
+    return 2;
+  } catch (...) {
+    std::cerr << "crucible: internal error: unknown exception\n";
+    return 2;
+  }
+}
+
+}  // namespace crucible

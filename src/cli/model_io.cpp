@@ -1,0 +1,207 @@
+// model.pt (LibTorch archive) + model.json (metadata) of a trained model.
+
+#include "crucible/cli/model_io.h"
+
+#include "crucible/common/error.h"
+#include "crucible/data/extxyz.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/serialize.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace crucible {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "crucible-model";
+constexpr int kVersion = 1;
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw DataError(tmp.string() + ": cannot be created");
+    out << text;
+    out.flush();
+    if (!out) throw DataError(tmp.string() + ": write failed");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw DataError(path.string() + ": cannot be written (" + ec.message() + ")");
+}
+
+json unit_json(const UnitSetting& u) {
+  if (u.name.empty()) return u.factor;
+  return u.name;
+}
+
+UnitSetting unit_from_json(const json& j, UnitQuantity q) {
+  if (j.is_number()) return UnitSetting{"", j.get<double>()};
+  const std::string name = j.get<std::string>();
+  const auto f = named_unit_factor(q, name);
+  if (!f) throw DataError("unknown unit '" + name + "'");
+  return UnitSetting{name, *f};
+}
+
+}  // namespace
+
+void save_model(const std::string& run_dir, SchNet& model, const ModelMetadata& meta) {
+  const fs::path dir(run_dir);
+  model->to(at::kCPU);
+  const fs::path pt = dir / "model.pt";
+  const fs::path pt_tmp = dir / "model.pt.tmp";
+  try {
+    torch::save(model, pt_tmp.string());
+  } catch (const c10::Error& e) {
+    throw DataError(pt.string() + ": cannot be written: " + e.what_without_backtrace());
+  }
+  std::error_code ec;
+  fs::rename(pt_tmp, pt, ec);
+  if (ec) throw DataError(pt.string() + ": cannot be written (" + ec.message() + ")");
+
+  json j;
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["model_type"] = meta.model_type;
+  const auto& o = meta.options;
+  j["hyperparameters"] = {{"hidden_channels", o.hidden_channels},
+                          {"num_filters", o.num_filters},
+                          {"num_interactions", o.num_interactions},
+                          {"num_gaussians", o.num_gaussians},
+                          {"cutoff", o.cutoff},
+                          {"max_atomic_number", o.max_atomic_number}};
+  j["dtype"] = meta.dtype;
+  j["cutoff_angstrom"] = o.cutoff;
+  json elements = json::array(), zs = json::array(), e0 = json::object();
+  for (int64_t z : meta.atomic_numbers) {
+    elements.push_back(chemical_symbol(z));
+    zs.push_back(z);
+  }
+  for (const auto& [z, v] : meta.e0) e0[chemical_symbol(z)] = v;
+  j["elements"] = elements;
+  j["atomic_numbers"] = zs;
+  j["e0_eV"] = e0;
+  j["scale_eV"] = meta.scale;
+  j["shift_eV_per_atom"] = meta.shift;
+  j["output_units"] = {{"energy", "eV"}, {"forces", "eV/Å"}, {"stress", "eV/Å^3"},
+                       {"length", "Å"}};
+  const auto& d = meta.data;
+  j["data"] = {{"energy_key", d.energy_key},
+               {"forces_key", d.forces_key},
+               {"stress_key", d.stress_key},
+               {"virial_key", d.virial_key},
+               {"energy_unit", unit_json(d.energy_unit)},
+               {"forces_unit", unit_json(d.forces_unit)},
+               {"stress_unit", unit_json(d.stress_unit)},
+               {"train_file", d.train_file}};
+  write_text_atomically(dir / "model.json", j.dump(2) + "\n");
+}
+
+LoadedModel load_model(const std::string& run_dir) {
+  const fs::path dir(run_dir);
+  const fs::path json_path = dir / "model.json";
+  const fs::path pt = dir / "model.pt";
+  if (!fs::is_directory(dir)) {
+    throw DataError(run_dir + ": model directory does not exist (expected a run directory with "
+                              "model.json and model.pt)");
+  }
+  std::ifstream in(json_path);
+  if (!in) throw DataError(json_path.string() + ": cannot be opened (not a finished run?)");
+  LoadedModel out;
+  ModelMetadata& meta = out.meta;
+  try {
+    json j = json::parse(in);
+    if (j.value("format", "") != kFormat) {
+      throw DataError(json_path.string() + ": format must be \"" + kFormat + "\", got " +
+                      j.value("format", json()).dump());
+    }
+    const int version = j.at("version").get<int>();
+    if (version != kVersion) {
+      throw DataError(json_path.string() + ": version must be " + std::to_string(kVersion) +
+                      ", got " + std::to_string(version));
+    }
+    meta.model_type = j.at("model_type").get<std::string>();
+    if (meta.model_type != "schnet") {
+      throw DataError(json_path.string() + ": model_type must be \"schnet\", got \"" +
+                      meta.model_type + "\"");
+    }
+    const auto& h = j.at("hyperparameters");
+    meta.options.hidden_channels = h.at("hidden_channels").get<int64_t>();
+    meta.options.num_filters = h.at("num_filters").get<int64_t>();
+    meta.options.num_interactions = h.at("num_interactions").get<int64_t>();
+    meta.options.num_gaussians = h.at("num_gaussians").get<int64_t>();
+    meta.options.cutoff = h.at("cutoff").get<double>();
+    meta.options.max_atomic_number = h.at("max_atomic_number").get<int64_t>();
+    meta.dtype = j.at("dtype").get<std::string>();
+    if (meta.dtype != "float32" && meta.dtype != "float64") {
+      throw DataError(json_path.string() + ": dtype must be float32 or float64, got \"" +
+                      meta.dtype + "\"");
+    }
+    for (const auto& z : j.at("atomic_numbers")) meta.atomic_numbers.push_back(z.get<int64_t>());
+    for (const auto& [sym, v] : j.at("e0_eV").items()) meta.e0[atomic_number(sym)] = v.get<double>();
+    meta.scale = j.at("scale_eV").get<double>();
+    meta.shift = j.at("shift_eV_per_atom").get<double>();
+    if (j.contains("data")) {
+      const auto& d = j.at("data");
+      meta.data.energy_key = d.value("energy_key", meta.data.energy_key);
+      meta.data.forces_key = d.value("forces_key", meta.data.forces_key);
+      meta.data.stress_key = d.value("stress_key", meta.data.stress_key);
+      meta.data.virial_key = d.value("virial_key", meta.data.virial_key);
+      meta.data.train_file = d.value("train_file", meta.data.train_file);
+      if (d.contains("energy_unit")) {
+        meta.data.energy_unit = unit_from_json(d.at("energy_unit"), UnitQuantity::kEnergy);
+      }
+      if (d.contains("forces_unit")) {
+        meta.data.forces_unit = unit_from_json(d.at("forces_unit"), UnitQuantity::kForces);
+      }
+      if (d.contains("stress_unit")) {
+        meta.data.stress_unit = unit_from_json(d.at("stress_unit"), UnitQuantity::kStress);
+      }
+    }
+  } catch (const json::exception& e) {
+    throw DataError(json_path.string() + ": invalid model metadata: " + e.what());
+  } catch (const DataError& e) {
+    const std::string what = e.what();
+    if (what.rfind(json_path.string(), 0) == 0) throw;
+    throw DataError(json_path.string() + ": " + what);
+  }
+  if (!fs::exists(pt)) throw DataError(pt.string() + ": model weights file does not exist");
+  try {
+    out.model = SchNet(meta.options);
+  } catch (const std::invalid_argument& e) {
+    throw DataError(json_path.string() + ": invalid hyperparameters: " + e.what());
+  }
+  out.model->to(meta.dtype == "float64" ? at::kDouble : at::kFloat);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& p : out.model->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+  for (const auto& b : out.model->named_buffers()) shapes[b.key()] = b.value().sizes().vec();
+  try {
+    torch::load(out.model, pt.string());
+  } catch (const c10::Error& e) {
+    throw DataError(pt.string() + ": cannot be loaded as a " + meta.model_type +
+                    " model with the hyperparameters of model.json: " +
+                    e.what_without_backtrace());
+  }
+  auto check_shape = [&](const std::string& name, const at::Tensor& t) {
+    auto it = shapes.find(name);
+    if (it != shapes.end() && it->second != t.sizes().vec()) {
+      std::ostringstream os;
+      os << pt.string() << ": tensor '" << name << "' must have shape " << at::IntArrayRef(it->second)
+         << " (from model.json hyperparameters), got " << t.sizes();
+      throw DataError(os.str());
+    }
+  };
+  for (const auto& p : out.model->named_parameters()) check_shape(p.key(), p.value());
+  for (const auto& b : out.model->named_buffers()) check_shape(b.key(), b.value());
+  out.model->eval();
+  return out;
+}
+
+}  // namespace crucible

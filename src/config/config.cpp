@@ -1,0 +1,1025 @@
+// YAML configuration: one schema table drives loading, command-line
+// overrides, validation, dumping and documentation.
+
+#include "crucible/config/config.h"
+
+#include "crucible/common/error.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+namespace crucible {
+namespace {
+
+// ---------------------------------------------------------------- units ----
+
+// CODATA 2018. Faraday constant N_A·e (C/mol) is exact since the 2019 SI.
+constexpr double kFaraday = 96485.33212331001;
+constexpr double kKJPerMol = 1000.0 / kFaraday;   // eV
+constexpr double kKcalPerMol = 4184.0 / kFaraday; // eV
+constexpr double kHartree = 27.211386245988;      // eV
+constexpr double kRydberg = kHartree / 2.0;       // eV
+constexpr double kBohr = 0.529177210903;          // Å
+constexpr double kGPa = 1.0 / 160.21766339999996; // eV/Å³ (1 eV/Å³ = 160.2176634 GPa)
+
+std::string ascii_lower(const std::string& s) {
+  std::string out = s;
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
+
+const std::vector<std::pair<std::string, double>>& energy_units() {
+  static const std::vector<std::pair<std::string, double>> table = {
+      {"eV", 1.0},          {"meV", 1e-3},       {"kcal/mol", kKcalPerMol},
+      {"kJ/mol", kKJPerMol}, {"Hartree", kHartree}, {"Ha", kHartree},
+      {"Ry", kRydberg},     {"Rydberg", kRydberg}};
+  return table;
+}
+
+std::optional<double> energy_factor(const std::string& text) {
+  const std::string t = ascii_lower(text);
+  for (const auto& [name, f] : energy_units()) {
+    if (ascii_lower(name) == t) return f;
+  }
+  return std::nullopt;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// Splits "<energy>/<length suffix>" with one of `suffixes` (lower case);
+/// returns the energy factor divided by length^power.
+std::optional<double> energy_per_length(const std::string& text,
+                                        const std::vector<std::pair<std::string, double>>& suffixes) {
+  const std::string t = ascii_lower(text);
+  for (const auto& [suffix, divisor] : suffixes) {
+    if (!ends_with(t, suffix)) continue;
+    const auto e = energy_factor(text.substr(0, text.size() - suffix.size()));
+    if (e) return *e / divisor;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<double> named_unit_factor(UnitQuantity quantity, const std::string& text) {
+  const std::string a = "\xC3\x85";  // Å (UTF-8); ascii_lower leaves it alone.
+  switch (quantity) {
+    case UnitQuantity::kEnergy:
+      return energy_factor(text);
+    case UnitQuantity::kForces:
+      return energy_per_length(text, {{"/" + a, 1.0},
+                                      {"/a", 1.0},
+                                      {"/ang", 1.0},
+                                      {"/angstrom", 1.0},
+                                      {"/bohr", kBohr}});
+    case UnitQuantity::kStress: {
+      const std::string t = ascii_lower(text);
+      if (t == "gpa") return kGPa;
+      if (t == "kbar") return 0.1 * kGPa;
+      const double b3 = kBohr * kBohr * kBohr;
+      return energy_per_length(text, {{"/" + a + "^3", 1.0},
+                                      {"/" + a + "\xC2\xB3", 1.0},
+                                      {"/" + a + "3", 1.0},
+                                      {"/a^3", 1.0},
+                                      {"/a3", 1.0},
+                                      {"/ang^3", 1.0},
+                                      {"/angstrom^3", 1.0},
+                                      {"/bohr^3", b3},
+                                      {"/bohr3", b3}});
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> unit_names(UnitQuantity quantity) {
+  switch (quantity) {
+    case UnitQuantity::kEnergy:
+      return {"eV", "meV", "kcal/mol", "kJ/mol", "Hartree", "Ry"};
+    case UnitQuantity::kForces:
+      return {"eV/Å", "eV/A", "meV/Å", "kcal/mol/Å", "kJ/mol/Å", "Hartree/Bohr", "Ry/Bohr",
+              "Hartree/Å"};
+    case UnitQuantity::kStress:
+      return {"eV/Å^3", "eV/A^3", "kcal/mol/Å^3", "Hartree/Bohr^3", "GPa", "kbar"};
+  }
+  return {};
+}
+
+std::string UnitSetting::to_string() const {
+  if (!name.empty()) return name;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", factor);
+  return buf;
+}
+
+namespace {
+
+// --------------------------------------------------------------- schema ----
+
+enum class Kind { kString, kOptString, kInt, kOptInt, kFloat, kBool, kUnit };
+
+struct Key {
+  std::string path;
+  Kind kind = Kind::kString;
+  std::string units;  // physical unit of the value ("" = none)
+  std::string doc;
+  std::function<void*(Config&)> ref;
+  // Range / choice constraints (checked on set and in validate_config).
+  std::optional<double> min;  // inclusive unless min_exclusive
+  bool min_exclusive = false;
+  std::optional<double> max;  // exclusive unless max_inclusive
+  bool max_inclusive = false;
+  std::vector<std::string> choices;
+  UnitQuantity unit_quantity = UnitQuantity::kEnergy;
+};
+
+template <class T>
+T& as(void* p) {
+  return *static_cast<T*>(p);
+}
+
+std::vector<Key> build_schema() {
+  std::vector<Key> k;
+  auto add = [&](std::string path, Kind kind, std::string units, std::string doc,
+                 std::function<void*(Config&)> ref) -> Key& {
+    Key key;
+    key.path = std::move(path);
+    key.kind = kind;
+    key.units = std::move(units);
+    key.doc = std::move(doc);
+    key.ref = std::move(ref);
+    k.push_back(std::move(key));
+    return k.back();
+  };
+  auto min_incl = [](Key& key, double v) { key.min = v; };
+  auto min_excl = [](Key& key, double v) {
+    key.min = v;
+    key.min_exclusive = true;
+  };
+
+  // data
+  add("data.train_file", Kind::kString, "",
+      "Extended XYZ file with the training structures (and the validation structures when "
+      "data.valid_file is null). A relative path is looked up in the current directory, then "
+      "in the data/ folder of the Crucible source tree.",
+      [](Config& c) -> void* { return &c.data.train_file; });
+  add("data.valid_file", Kind::kOptString, "",
+      "Extended XYZ file with the validation structures. null = hold out "
+      "data.valid_fraction of data.train_file instead.",
+      [](Config& c) -> void* { return &c.data.valid_file; });
+  {
+    Key& key = add("data.valid_fraction", Kind::kFloat, "",
+                   "Fraction of data.train_file held out for validation when data.valid_file "
+                   "is null (rounded, at least one structure). In (0, 1).",
+                   [](Config& c) -> void* { return &c.data.valid_fraction; });
+    min_excl(key, 0.0);
+    key.max = 1.0;
+  }
+  min_incl(add("data.seed", Kind::kInt, "",
+               "Seed of the random train/validation split (independent of training.seed).",
+               [](Config& c) -> void* { return &c.data.seed; }),
+           0.0);
+  add("data.energy_key", Kind::kString, "",
+      "Header (info) key of the total energy in the extxyz comment line (MACE: energy_key).",
+      [](Config& c) -> void* { return &c.data.energy_key; });
+  add("data.forces_key", Kind::kString, "",
+      "Properties column with the forces. \"\" = \"forces\", or \"force\" if the file has no "
+      "\"forces\" column (MACE: forces_key).",
+      [](Config& c) -> void* { return &c.data.forces_key; });
+  add("data.stress_key", Kind::kString, "",
+      "Header key of the stress: 9 values (row-major 3x3) or 6 Voigt values (xx yy zz yz xz "
+      "xy), ASE sign convention (positive = tensile).",
+      [](Config& c) -> void* { return &c.data.stress_key; });
+  add("data.virial_key", Kind::kString, "",
+      "Header key of the virial (9 or 6 values, energy unit); used as stress = -virial / "
+      "volume when a frame has no stress.",
+      [](Config& c) -> void* { return &c.data.virial_key; });
+  {
+    Key& key = add("data.energy_unit", Kind::kUnit, "",
+                   "Unit of the energies (and virials) in the files: a name (eV, meV, "
+                   "kcal/mol, kJ/mol, Hartree, Ry) or a number, the multiplier to eV.",
+                   [](Config& c) -> void* { return &c.data.energy_unit; });
+    key.unit_quantity = UnitQuantity::kEnergy;
+  }
+  {
+    Key& key = add("data.forces_unit", Kind::kUnit, "",
+                   "Unit of the forces in the files: a name (eV/Å or eV/A, kcal/mol/Å, "
+                   "kJ/mol/Å, Hartree/Bohr, ...) or a number, the multiplier to eV/Å.",
+                   [](Config& c) -> void* { return &c.data.forces_unit; });
+    key.unit_quantity = UnitQuantity::kForces;
+  }
+  {
+    Key& key = add("data.stress_unit", Kind::kUnit, "",
+                   "Unit of the stresses in the files: a name (eV/Å^3, GPa, kbar, "
+                   "Hartree/Bohr^3, ...) or a number, the multiplier to eV/Å^3.",
+                   [](Config& c) -> void* { return &c.data.stress_unit; });
+    key.unit_quantity = UnitQuantity::kStress;
+  }
+
+  // model
+  add("model.type", Kind::kString, "", "Model architecture. Only \"schnet\" for now.",
+      [](Config& c) -> void* { return &c.model.type; })
+      .choices = {"schnet"};
+  min_incl(add("model.hidden_channels", Kind::kInt, "",
+               "Size of the atom feature vectors (SchNet n_atom_basis / NequIP-like width).",
+               [](Config& c) -> void* { return &c.model.hidden_channels; }),
+           2.0);
+  min_incl(add("model.num_filters", Kind::kInt, "",
+               "Size of the continuous filters of each interaction (SchNet n_filters).",
+               [](Config& c) -> void* { return &c.model.num_filters; }),
+           1.0);
+  min_incl(add("model.num_interactions", Kind::kInt, "",
+               "Number of interaction (message-passing) blocks.",
+               [](Config& c) -> void* { return &c.model.num_interactions; }),
+           1.0);
+  min_incl(add("model.num_gaussians", Kind::kInt, "",
+               "Number of Gaussian radial basis functions on [0, cutoff].",
+               [](Config& c) -> void* { return &c.model.num_gaussians; }),
+           2.0);
+  min_excl(add("model.cutoff", Kind::kFloat, "Å",
+               "Neighbor cutoff radius (r_max); interactions vanish smoothly at it.",
+               [](Config& c) -> void* { return &c.model.cutoff; }),
+           0.0);
+
+  // training
+  min_incl(add("training.num_epochs", Kind::kOptInt, "",
+               "Number of passes over the training set. Exactly one of num_epochs and "
+               "num_steps is set; setting one unsets the other.",
+               [](Config& c) -> void* { return &c.training.num_epochs; }),
+           1.0);
+  min_incl(add("training.num_steps", Kind::kOptInt, "",
+               "Number of optimizer steps (alternative to num_epochs).",
+               [](Config& c) -> void* { return &c.training.num_steps; }),
+           1.0);
+  min_incl(add("training.batch_size", Kind::kInt, "",
+               "Structures per training batch (one optimizer step per batch).",
+               [](Config& c) -> void* { return &c.training.batch_size; }),
+           1.0);
+  min_incl(add("training.valid_batch_size", Kind::kInt, "",
+               "Structures per validation batch (memory only; metrics do not depend on it).",
+               [](Config& c) -> void* { return &c.training.valid_batch_size; }),
+           1.0);
+  min_incl(add("training.seed", Kind::kInt, "",
+               "Seed of the parameter initialization (torch manual seed) and of the batch "
+               "shuffling.",
+               [](Config& c) -> void* { return &c.training.seed; }),
+           0.0);
+  add("training.optimizer.name", Kind::kString, "", "Optimizer: adam or adamw.",
+      [](Config& c) -> void* { return &c.training.optimizer.name; })
+      .choices = {"adam", "adamw"};
+  min_excl(add("training.optimizer.lr", Kind::kFloat, "", "Learning rate.",
+               [](Config& c) -> void* { return &c.training.optimizer.lr; }),
+           0.0);
+  min_incl(add("training.optimizer.weight_decay", Kind::kFloat, "",
+               "Weight decay: L2 penalty for adam, decoupled decay for adamw.",
+               [](Config& c) -> void* { return &c.training.optimizer.weight_decay; }),
+           0.0);
+  {
+    Key& key = add("training.optimizer.beta1", Kind::kFloat, "",
+                   "Adam coefficient of the running mean of gradients, in [0, 1).",
+                   [](Config& c) -> void* { return &c.training.optimizer.beta1; });
+    key.min = 0.0;
+    key.max = 1.0;
+  }
+  {
+    Key& key = add("training.optimizer.beta2", Kind::kFloat, "",
+                   "Adam coefficient of the running mean of squared gradients, in [0, 1).",
+                   [](Config& c) -> void* { return &c.training.optimizer.beta2; });
+    key.min = 0.0;
+    key.max = 1.0;
+  }
+  min_excl(add("training.optimizer.eps", Kind::kFloat, "",
+               "Adam denominator term for numerical stability.",
+               [](Config& c) -> void* { return &c.training.optimizer.eps; }),
+           0.0);
+  add("training.optimizer.amsgrad", Kind::kBool, "", "Use the AMSGrad variant of Adam.",
+      [](Config& c) -> void* { return &c.training.optimizer.amsgrad; });
+  min_incl(add("training.loss.energy_weight", Kind::kFloat, "",
+               "Weight of the energy MSE term (0 = off). The term is in eV²/atom² with "
+               "energy_per_atom, else eV².",
+               [](Config& c) -> void* { return &c.training.loss.energy_weight; }),
+           0.0);
+  min_incl(add("training.loss.forces_weight", Kind::kFloat, "",
+               "Weight of the forces MSE term in eV²/Å² (0 = off).",
+               [](Config& c) -> void* { return &c.training.loss.forces_weight; }),
+           0.0);
+  min_incl(add("training.loss.stress_weight", Kind::kFloat, "",
+               "Weight of the stress MSE term in (eV/Å³)² (0 = off). Used only when the "
+               "training data has stresses (or virials).",
+               [](Config& c) -> void* { return &c.training.loss.stress_weight; }),
+           0.0);
+  add("training.loss.energy_per_atom", Kind::kBool, "",
+      "Compare energies per atom, (E_pred - E_ref)/N, in the energy loss.",
+      [](Config& c) -> void* { return &c.training.loss.energy_per_atom; });
+  min_incl(add("training.validate_every_n_epochs", Kind::kInt, "",
+               "Validate after every n-th epoch; 0 = only once, after training.",
+               [](Config& c) -> void* { return &c.training.validate_every_n_epochs; }),
+           0.0);
+  add("training.dtype", Kind::kString, "",
+      "Floating-point precision of the model and batches: float32 or float64.",
+      [](Config& c) -> void* { return &c.training.dtype; })
+      .choices = {"float32", "float64"};
+  add("training.device", Kind::kString, "",
+      "Device to train on: cpu, cuda or cuda:N (needs a CUDA build of LibTorch).",
+      [](Config& c) -> void* { return &c.training.device; });
+  min_incl(add("training.num_threads", Kind::kInt, "",
+               "CPU threads of LibTorch's intra-op pool; 0 = leave LibTorch's default.",
+               [](Config& c) -> void* { return &c.training.num_threads; }),
+           0.0);
+
+  // output
+  add("output.run_dir", Kind::kOptString, "",
+      "Directory for config.yaml, metrics.csv, model.pt, model.json and summary.json. "
+      "null = runs/<YYYYmmdd-HHMMSS> in the current directory.",
+      [](Config& c) -> void* { return &c.output.run_dir; });
+  add("output.overwrite", Kind::kBool, "",
+      "Allow writing into an existing run directory (a finished run there is replaced).",
+      [](Config& c) -> void* { return &c.output.overwrite; });
+  return k;
+}
+
+const std::vector<Key>& schema() {
+  static const std::vector<Key> s = build_schema();
+  return s;
+}
+
+const Key* find_key(const std::string& path) {
+  for (const auto& key : schema()) {
+    if (key.path == path) return &key;
+  }
+  return nullptr;
+}
+
+bool is_section(const std::string& path) {
+  const std::string prefix = path + ".";
+  for (const auto& key : schema()) {
+    if (key.path.compare(0, prefix.size(), prefix) == 0) return true;
+  }
+  return path.empty();
+}
+
+/// Immediate children ("training.optimizer", "training.seed", ...) of a section.
+std::vector<std::string> children(const std::string& section) {
+  const std::string prefix = section.empty() ? "" : section + ".";
+  std::vector<std::string> out;
+  for (const auto& key : schema()) {
+    if (key.path.compare(0, prefix.size(), prefix) != 0) continue;
+    const auto dot = key.path.find('.', prefix.size());
+    std::string child = dot == std::string::npos ? key.path : key.path.substr(0, dot);
+    if (std::find(out.begin(), out.end(), child) == out.end()) out.push_back(child);
+  }
+  return out;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+// ------------------------------------------------------- value parsing ----
+
+/// Where a value came from, for messages: " in cfg.yaml (line 7)".
+struct Source {
+  std::string name;
+  bool is_override = false;  // no line numbers for command-line overrides
+
+  std::string where(const YAML::Node& node) const {
+    if (is_override) return " in " + name;
+    const YAML::Mark m = node.Mark();
+    if (m.line >= 0) return " in " + name + " (line " + std::to_string(m.line + 1) + ")";
+    return " in " + name;
+  }
+};
+
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Scalar:
+      return (node.Tag() == "!" ? "the string '" : "'") + node.Scalar() + "'";
+    default:
+      return "an undefined value";
+  }
+}
+
+[[noreturn]] void type_error(const Key& key, const std::string& expected, const YAML::Node& node,
+                             const Source& src) {
+  throw ConfigError(key.path + " must be " + expected + ", got " + describe(node) +
+                    src.where(node));
+}
+
+bool is_plain_scalar(const YAML::Node& node) {
+  return node.IsScalar() && node.Tag() != "!";
+}
+
+std::optional<int64_t> parse_int(const std::string& s) {
+  static const std::regex re("[-+]?[0-9]+");
+  if (!std::regex_match(s, re)) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno == ERANGE) return std::nullopt;
+  return static_cast<int64_t>(v);
+}
+
+std::optional<double> parse_float(const std::string& s) {
+  static const std::regex re("[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?");
+  if (!std::regex_match(s, re)) return std::nullopt;
+  const double v = std::strtod(s.c_str(), nullptr);
+  if (!std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+std::optional<bool> parse_bool(const std::string& s) {
+  const std::string t = ascii_lower(s);
+  if (t == "true" || t == "yes" || t == "on") return true;
+  if (t == "false" || t == "no" || t == "off") return false;
+  return std::nullopt;
+}
+
+/// Shortest text that reads back as `v` (for messages).
+std::string display_number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  for (int prec = 1; prec <= 17; ++prec) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.*g", prec, v);
+    if (std::strtod(b, nullptr) == v) return b;
+  }
+  return buf;
+}
+
+/// Shortest round-trip text of a float, always with a '.' (YAML 1.1 floats).
+std::string format_number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  // Shortest representation that round-trips.
+  for (int prec = 1; prec <= 17; ++prec) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.*g", prec, v);
+    if (std::strtod(b, nullptr) == v) {
+      std::snprintf(buf, sizeof buf, "%s", b);
+      break;
+    }
+  }
+  std::string s = buf;
+  // YAML 1.1 readers (PyYAML) need a '.' in a float: 1e-08 → 1.0e-08, 5 → 5.0.
+  if (s.find_first_of(".") == std::string::npos && s.find("inf") == std::string::npos &&
+      s.find("nan") == std::string::npos) {
+    const auto e = s.find_first_of("eE");
+    if (e == std::string::npos) {
+      s += ".0";
+    } else {
+      s.insert(e, ".0");
+    }
+  }
+  return s;
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\x%02x", static_cast<unsigned char>(c));
+          out += b;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string bound_text(const Key& key, double v) {
+  const bool integral = key.kind == Kind::kInt || key.kind == Kind::kOptInt;
+  return integral ? std::to_string(static_cast<int64_t>(v)) : display_number(v);
+}
+
+std::string describe_range(const Key& key) {
+  if (key.min && key.max) {
+    return std::string("in ") + (key.min_exclusive ? "(" : "[") + bound_text(key, *key.min) +
+           ", " + bound_text(key, *key.max) + (key.max_inclusive ? "]" : ")");
+  }
+  if (key.min) return std::string(key.min_exclusive ? "> " : ">= ") + bound_text(key, *key.min);
+  if (key.max) return std::string(key.max_inclusive ? "<= " : "< ") + bound_text(key, *key.max);
+  return "";
+}
+
+/// Range check of one value; returns the error text or "".
+std::string check_range(const Key& key, double v) {
+  bool ok = true;
+  if (key.min) ok = ok && (key.min_exclusive ? v > *key.min : v >= *key.min);
+  if (key.max) ok = ok && (key.max_inclusive ? v <= *key.max : v < *key.max);
+  if (ok) return "";
+  const bool integral = key.kind == Kind::kInt || key.kind == Kind::kOptInt;
+  return key.path + " must be " + (integral ? "an integer " : "a number ") + describe_range(key) +
+         ", got " + bound_text(key, v);
+}
+
+std::string check_choice(const Key& key, const std::string& v) {
+  if (key.choices.empty() ||
+      std::find(key.choices.begin(), key.choices.end(), v) != key.choices.end()) {
+    return "";
+  }
+  return key.path + " must be one of " + join(key.choices, ", ") + ", got '" + v + "'";
+}
+
+/// Parses a unit setting; "" on success, else the error (without location).
+std::string parse_unit(const Key& key, const YAML::Node& node, UnitSetting* out) {
+  const std::string names = join(unit_names(key.unit_quantity), ", ");
+  const std::string expected = "a number > 0 or a unit name (" + names + ")";
+  if (!node.IsScalar()) return key.path + " must be " + expected + ", got " + describe(node);
+  const std::string text = node.Scalar();
+  if (is_plain_scalar(node)) {
+    if (auto v = parse_float(text)) {
+      if (!(*v > 0.0)) return key.path + " must be " + expected + ", got " + text;
+      *out = UnitSetting{"", *v};
+      return "";
+    }
+  }
+  if (auto f = named_unit_factor(key.unit_quantity, text)) {
+    *out = UnitSetting{text, *f};
+    return "";
+  }
+  return key.path + " must be " + expected + ", got '" + text + "'";
+}
+
+/// Tracks which of num_epochs / num_steps one layer (file, override list) set.
+struct LayerState {
+  std::string epochs_where, steps_where;
+};
+
+void set_value(Config& config, const Key& key, const YAML::Node& node, const Source& src,
+               LayerState& layer) {
+  void* p = key.ref(config);
+  auto fail = [&](const std::string& msg) { throw ConfigError(msg + src.where(node)); };
+  switch (key.kind) {
+    case Kind::kString:
+    case Kind::kOptString: {
+      if (key.kind == Kind::kOptString && node.IsNull()) {
+        as<std::optional<std::string>>(p).reset();
+        return;
+      }
+      if (!node.IsScalar()) {
+        type_error(key, key.kind == Kind::kOptString ? "a string or null" : "a string", node, src);
+      }
+      const std::string v = node.Scalar();
+      if (auto e = check_choice(key, v); !e.empty()) fail(e);
+      if (key.kind == Kind::kString) {
+        as<std::string>(p) = v;
+      } else {
+        as<std::optional<std::string>>(p) = v;
+      }
+      return;
+    }
+    case Kind::kInt:
+    case Kind::kOptInt: {
+      const bool opt = key.kind == Kind::kOptInt;
+      if (opt && node.IsNull()) {
+        as<std::optional<int64_t>>(p).reset();
+        return;
+      }
+      const std::string expected = opt ? "an integer or null" : "an integer";
+      if (!is_plain_scalar(node)) type_error(key, expected, node, src);
+      const auto v = parse_int(node.Scalar());
+      if (!v) type_error(key, expected, node, src);
+      if (auto e = check_range(key, static_cast<double>(*v)); !e.empty()) fail(e);
+      if (opt) {
+        as<std::optional<int64_t>>(p) = *v;
+        if (key.path == "training.num_epochs") layer.epochs_where = src.where(node);
+        if (key.path == "training.num_steps") layer.steps_where = src.where(node);
+      } else {
+        as<int64_t>(p) = *v;
+      }
+      return;
+    }
+    case Kind::kFloat: {
+      if (!is_plain_scalar(node)) type_error(key, "a number", node, src);
+      const auto v = parse_float(node.Scalar());
+      if (!v) type_error(key, "a finite number", node, src);
+      if (auto e = check_range(key, *v); !e.empty()) fail(e);
+      as<double>(p) = *v;
+      return;
+    }
+    case Kind::kBool: {
+      if (!is_plain_scalar(node)) type_error(key, "a boolean (true or false)", node, src);
+      const auto v = parse_bool(node.Scalar());
+      if (!v) type_error(key, "a boolean (true or false)", node, src);
+      as<bool>(p) = *v;
+      return;
+    }
+    case Kind::kUnit: {
+      UnitSetting u;
+      if (auto e = parse_unit(key, node, &u); !e.empty()) fail(e);
+      as<UnitSetting>(p) = u;
+      return;
+    }
+  }
+}
+
+void apply_mapping(Config& config, const YAML::Node& node, const std::string& section,
+                   const Source& src, LayerState& layer) {
+  if (node.IsNull()) return;  // "training:" with nothing under it
+  if (!node.IsMap()) {
+    throw ConfigError((section.empty() ? std::string("the config document") : section) +
+                      " must be a mapping of keys to values, got " + describe(node) +
+                      src.where(node));
+  }
+  std::set<std::string> seen;
+  for (const auto& kv : node) {
+    const YAML::Node& k = kv.first;
+    if (!k.IsScalar()) {
+      throw ConfigError("config keys must be strings, got " + describe(k) + src.where(k));
+    }
+    const std::string path = section.empty() ? k.Scalar() : section + "." + k.Scalar();
+    if (!seen.insert(k.Scalar()).second) {
+      throw ConfigError("duplicate config key '" + path + "'" + src.where(k));
+    }
+    if (const Key* key = find_key(path)) {
+      set_value(config, *key, kv.second, src, layer);
+    } else if (is_section(path)) {
+      apply_mapping(config, kv.second, path, src, layer);
+    } else {
+      const auto known = children(section);
+      std::string msg = "unknown config key '" + path + "'" + src.where(k) +
+                        "; known keys: " + join(known, ", ");
+      std::string best;
+      size_t best_d = 4;
+      for (const auto& c : known) {
+        const std::string leaf = c.substr(c.rfind('.') + 1);
+        const size_t d = edit_distance(ascii_lower(k.Scalar()), ascii_lower(leaf));
+        if (d < best_d) {
+          best_d = d;
+          best = c;
+        }
+      }
+      if (!best.empty()) msg += " (did you mean '" + best + "'?)";
+      throw ConfigError(msg);
+    }
+  }
+}
+
+void finish_layer(Config& config, const LayerState& layer) {
+  const bool e = !layer.epochs_where.empty() && config.training.num_epochs;
+  const bool s = !layer.steps_where.empty() && config.training.num_steps;
+  if (e && s) {
+    throw ConfigError(
+        "training.num_epochs and training.num_steps must not both be set, got num_epochs" +
+        layer.epochs_where + " and num_steps" + layer.steps_where + "; set only one");
+  }
+  if (e) config.training.num_steps.reset();
+  if (s) config.training.num_epochs.reset();
+}
+
+std::string value_text(const Key& key, const Config& config) {
+  void* p = key.ref(const_cast<Config&>(config));
+  switch (key.kind) {
+    case Kind::kString:
+      return quote(as<std::string>(p));
+    case Kind::kOptString: {
+      const auto& v = as<std::optional<std::string>>(p);
+      return v ? quote(*v) : "null";
+    }
+    case Kind::kInt:
+      return std::to_string(as<int64_t>(p));
+    case Kind::kOptInt: {
+      const auto& v = as<std::optional<int64_t>>(p);
+      return v ? std::to_string(*v) : "null";
+    }
+    case Kind::kFloat:
+      return format_number(as<double>(p));
+    case Kind::kBool:
+      return as<bool>(p) ? "true" : "false";
+    case Kind::kUnit: {
+      const auto& u = as<UnitSetting>(p);
+      return u.name.empty() ? format_number(u.factor) : quote(u.name);
+    }
+  }
+  return "";
+}
+
+std::string type_name(const Key& key) {
+  switch (key.kind) {
+    case Kind::kString:
+      return key.choices.empty() ? "string" : "string (" + join(key.choices, " | ") + ")";
+    case Kind::kOptString:
+      return "string or null";
+    case Kind::kInt:
+      return "integer";
+    case Kind::kOptInt:
+      return "integer or null";
+    case Kind::kFloat:
+      return "number";
+    case Kind::kBool:
+      return "boolean";
+    case Kind::kUnit:
+      return "unit name or number";
+  }
+  return "";
+}
+
+std::vector<std::string> wrap(const std::string& text, size_t width) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  std::string word, line;
+  while (in >> word) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      lines.push_back(line);
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty()) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
+
+Config default_config() { return Config{}; }
+
+std::vector<ConfigKeyInfo> config_keys() {
+  const Config d = default_config();
+  std::vector<ConfigKeyInfo> out;
+  for (const auto& key : schema()) {
+    std::string type = type_name(key);
+    const std::string range = describe_range(key);
+    if (!range.empty()) type += ", " + range;
+    out.push_back(ConfigKeyInfo{key.path, type, value_text(key, d), key.units, key.doc});
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> config_sections() {
+  return {
+      {"data", "Training and validation data: files, label keys and units."},
+      {"model", "Model architecture and its hyperparameters."},
+      {"training", "Training loop: duration, batching, seeds, precision, device."},
+      {"training.optimizer", "Optimizer (PyTorch Adam / AdamW semantics)."},
+      {"training.loss",
+       "Loss = energy_weight · L_E + forces_weight · L_F + stress_weight · L_S (MSE terms)."},
+      {"output", "Where the run is written."},
+  };
+}
+
+void apply_config_yaml(Config& config, const std::string& yaml_text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" +
+                      std::to_string(e.mark.column + 1) + ": invalid YAML: " + e.msg);
+  }
+  Config updated = config;
+  LayerState layer;
+  Source src{source, false};
+  try {
+    apply_mapping(updated, root, "", src, layer);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
+  }
+  finish_layer(updated, layer);
+  config = std::move(updated);
+}
+
+Config load_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("config file '" + path + "' cannot be opened (does it exist?)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Config config = default_config();
+  apply_config_yaml(config, ss.str(), path);
+  return config;
+}
+
+void apply_overrides(Config& config, const std::vector<std::string>& assignments) {
+  Config updated = config;
+  LayerState layer;
+  for (const auto& a : assignments) {
+    const std::string name = "command-line override '" + a + "'";
+    const auto eq = a.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw ConfigError("command-line override must be key.path=value (e.g. "
+                        "training.num_epochs=3), got '" + a + "'");
+    }
+    const std::string path = a.substr(0, eq);
+    const std::string value = a.substr(eq + 1);
+    static const std::regex path_re("[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*");
+    if (!std::regex_match(path, path_re)) {
+      throw ConfigError("command-line override key must be a dotted path like "
+                        "training.optimizer.lr, got '" + path + "'");
+    }
+    YAML::Node v;
+    try {
+      v = YAML::Load(value);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(name + ": value is not valid YAML: " + e.msg);
+    }
+    // Nest the value under its path and apply it like a file.
+    std::vector<std::string> parts;
+    std::stringstream ps(path);
+    for (std::string part; std::getline(ps, part, '.');) parts.push_back(part);
+    YAML::Node root = v;
+    for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+      YAML::Node m(YAML::NodeType::Map);
+      m[*it] = root;
+      root = m;
+    }
+    Source src{name, true};
+    apply_mapping(updated, root, "", src, layer);
+  }
+  finish_layer(updated, layer);
+  config = std::move(updated);
+}
+
+void validate_config(const Config& config) {
+  for (const auto& key : schema()) {
+    void* p = key.ref(const_cast<Config&>(config));
+    std::string e;
+    switch (key.kind) {
+      case Kind::kInt:
+        e = check_range(key, static_cast<double>(as<int64_t>(p)));
+        break;
+      case Kind::kOptInt:
+        if (as<std::optional<int64_t>>(p)) {
+          e = check_range(key, static_cast<double>(*as<std::optional<int64_t>>(p)));
+        }
+        break;
+      case Kind::kFloat: {
+        const double v = as<double>(p);
+        e = std::isfinite(v) ? check_range(key, v)
+                             : key.path + " must be a finite number, got " + display_number(v);
+        break;
+      }
+      case Kind::kString:
+        e = check_choice(key, as<std::string>(p));
+        break;
+      case Kind::kUnit: {
+        const auto& u = as<UnitSetting>(p);
+        if (!(u.factor > 0.0) || !std::isfinite(u.factor)) {
+          e = key.path + " must be a finite number > 0, got " + display_number(u.factor);
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    if (!e.empty()) throw ConfigError(e);
+  }
+  const auto& t = config.training;
+  if (t.num_epochs.has_value() == t.num_steps.has_value()) {
+    throw ConfigError(std::string("exactly one of training.num_epochs or training.num_steps must "
+                                  "be set, got ") +
+                      (t.num_epochs ? "both" : "neither"));
+  }
+  if (t.loss.energy_weight <= 0 && t.loss.forces_weight <= 0 && t.loss.stress_weight <= 0) {
+    throw ConfigError(
+        "training.loss must have at least one weight > 0 (energy_weight, forces_weight, "
+        "stress_weight), got all 0");
+  }
+  static const std::regex device_re("cpu|cuda(:[0-9]+)?");
+  if (!std::regex_match(t.device, device_re)) {
+    throw ConfigError("training.device must be cpu, cuda or cuda:N, got '" + t.device + "'");
+  }
+  if (config.data.train_file.empty()) {
+    throw ConfigError("data.train_file must be a file path, got an empty string");
+  }
+  if (config.data.valid_file && config.data.valid_file->empty()) {
+    throw ConfigError("data.valid_file must be a file path or null, got an empty string");
+  }
+  if (config.output.run_dir && config.output.run_dir->empty()) {
+    throw ConfigError("output.run_dir must be a directory path or null, got an empty string");
+  }
+}
+
+std::string dump_config(const Config& config, bool comments) {
+  std::ostringstream out;
+  if (comments) {
+    out << "# Crucible training configuration. Every key is listed with its default;\n"
+           "# override any of them on the command line as key.path=value, e.g.\n"
+           "#   crucible train --config this.yaml training.num_epochs=10 model.cutoff=4.5\n"
+           "# Units: energies eV, forces eV/Å, stresses eV/Å^3, lengths Å (after the\n"
+           "# data.*_unit conversions). See docs/config.md.\n";
+  }
+  std::string open_section;  // e.g. "training.optimizer"
+  bool first = true;
+  for (const auto& key : schema()) {
+    const auto dot = key.path.rfind('.');
+    const std::string section = key.path.substr(0, dot);
+    const std::string leaf = key.path.substr(dot + 1);
+    if (section != open_section) {
+      // Open each section level not already open.
+      std::vector<std::string> parts;
+      std::stringstream ps(section);
+      for (std::string part; std::getline(ps, part, '.');) parts.push_back(part);
+      std::string prefix;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        prefix += (i ? "." : "") + parts[i];
+        const bool already =
+            open_section == prefix || open_section.compare(0, prefix.size() + 1, prefix + ".") == 0;
+        if (already) continue;
+        const std::string indent(2 * i, ' ');
+        if (i == 0 && !first) out << "\n";
+        if (comments) {
+          for (const auto& [name, doc] : config_sections()) {
+            if (name != prefix) continue;
+            for (const auto& line : wrap(doc, 76 - indent.size())) {
+              out << indent << "# " << line << "\n";
+            }
+          }
+        }
+        out << indent << parts[i] << ":\n";
+      }
+      open_section = section;
+    }
+    first = false;
+    const size_t depth = static_cast<size_t>(std::count(key.path.begin(), key.path.end(), '.'));
+    const std::string indent(2 * depth, ' ');
+    if (comments) {
+      std::string doc = key.doc;
+      if (!key.units.empty()) doc += " Unit: " + key.units + ".";
+      doc += " Type: " + type_name(key) + ".";
+      for (const auto& line : wrap(doc, 76 - indent.size())) out << indent << "# " << line << "\n";
+    }
+    out << indent << leaf << ": " << value_text(key, config) << "\n";
+  }
+  return out.str();
+}
+
+std::string config_keys_markdown() {
+  std::ostringstream out;
+  out << "| key | type | default | units | meaning |\n";
+  out << "| --- | --- | --- | --- | --- |\n";
+  for (const auto& k : config_keys()) {
+    std::string doc = k.doc;
+    std::string t = k.type;
+    for (auto* s : {&doc, &t}) {
+      std::string r;
+      for (char c : *s) r += (c == '|') ? std::string("\\|") : std::string(1, c);
+      *s = r;
+    }
+    out << "| `" << k.path << "` | " << t << " | `" << k.default_value << "` | "
+        << (k.units.empty() ? "—" : k.units) << " | " << doc << " |\n";
+  }
+  return out.str();
+}
+
+bool operator==(const Config& a, const Config& b) {
+  for (const auto& key : schema()) {
+    if (value_text(key, a) != value_text(key, b)) return false;
+    if (key.kind == Kind::kUnit) {
+      const auto& ua = as<UnitSetting>(key.ref(const_cast<Config&>(a)));
+      const auto& ub = as<UnitSetting>(key.ref(const_cast<Config&>(b)));
+      if (ua != ub) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace crucible

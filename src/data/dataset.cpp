@@ -1,0 +1,125 @@
+#include "crucible/data/dataset.h"
+
+#include "crucible/common/error.h"
+
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+namespace crucible {
+
+AtomicDataset::AtomicDataset(std::vector<Structure> structures, double cutoff)
+    : structures_(std::move(structures)), cutoff_(cutoff) {
+  if (!(cutoff > 0.0) || !std::isfinite(cutoff)) {
+    throw std::invalid_argument("cutoff must be a finite positive number (Å), got " +
+                                std::to_string(cutoff));
+  }
+  neighbor_lists_.reserve(structures_.size());
+  for (const auto& s : structures_) {
+    neighbor_lists_.push_back(build_neighbor_list(s.positions, s.cell, s.pbc, cutoff_));
+  }
+}
+
+Batch AtomicDataset::collate(const std::vector<int64_t>& indices) const {
+  std::vector<const Structure*> s;
+  std::vector<const NeighborList*> nl;
+  s.reserve(indices.size());
+  nl.reserve(indices.size());
+  for (int64_t i : indices) {
+    s.push_back(&structures_.at(i));
+    nl.push_back(&neighbor_lists_.at(i));
+  }
+  return crucible::collate(s, nl);
+}
+
+int64_t AtomicDataset::total_atoms() const {
+  int64_t n = 0;
+  for (const auto& s : structures_) n += s.num_atoms();
+  return n;
+}
+
+std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed) {
+  std::vector<int64_t> p(n);
+  for (int64_t i = 0; i < n; ++i) p[i] = i;
+  std::mt19937_64 rng(seed);
+  // Fisher–Yates with our own bounded draw: std::uniform_int_distribution
+  // differs between standard libraries, this does not.
+  for (int64_t i = n - 1; i > 0; --i) {
+    const uint64_t bound = static_cast<uint64_t>(i) + 1;
+    const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
+    uint64_t r;
+    do {
+      r = rng();
+    } while (r >= limit);
+    std::swap(p[i], p[static_cast<int64_t>(r % bound)]);
+  }
+  return p;
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> random_split(int64_t n, double fraction,
+                                                                   uint64_t seed) {
+  if (!(fraction >= 0.0 && fraction < 1.0)) {
+    throw ConfigError("data.valid_fraction must be in [0, 1), got " + std::to_string(fraction));
+  }
+  auto perm = seeded_permutation(n, seed);
+  int64_t n_valid = static_cast<int64_t>(std::llround(fraction * static_cast<double>(n)));
+  if (fraction > 0.0 && n >= 2 && n_valid == 0) n_valid = 1;
+  if (n_valid >= n) n_valid = n - 1;
+  std::vector<int64_t> valid(perm.begin(), perm.begin() + n_valid);
+  std::vector<int64_t> train(perm.begin() + n_valid, perm.end());
+  return {train, valid};
+}
+
+DataLoader::DataLoader(std::shared_ptr<const AtomicDataset> dataset, DataLoaderOptions options)
+    : dataset_(std::move(dataset)), options_(options) {
+  if (!dataset_ || dataset_->size() == 0) {
+    throw ConfigError("data loader: dataset must contain at least one structure, got 0");
+  }
+  if (options_.batch_size < 1) {
+    throw ConfigError("training.batch_size must be >= 1, got " +
+                      std::to_string(options_.batch_size));
+  }
+}
+
+int64_t DataLoader::size() const {
+  const int64_t n = dataset_->size();
+  const int64_t b = options_.batch_size;
+  return options_.drop_last ? n / b : (n + b - 1) / b;
+}
+
+void DataLoader::set_epoch_step(int64_t k) {
+  if (k < 0 || k > size()) {
+    throw std::out_of_range("set_epoch_step: k must be in [0, " + std::to_string(size()) +
+                            "], got " + std::to_string(k));
+  }
+  start_step_ = k;
+}
+
+int64_t DataLoader::take_start_step() {
+  const int64_t k = start_step_;
+  start_step_ = 0;
+  return k;
+}
+
+std::vector<int64_t> DataLoader::epoch_order() const {
+  const int64_t n = dataset_->size();
+  if (!options_.shuffle) {
+    std::vector<int64_t> p(n);
+    for (int64_t i = 0; i < n; ++i) p[i] = i;
+    return p;
+  }
+  return seeded_permutation(n, options_.seed + static_cast<uint64_t>(epoch_));
+}
+
+std::vector<int64_t> DataLoader::batch_indices(int64_t k) const {
+  if (k < 0 || k >= size()) {
+    throw std::out_of_range("batch index must be in [0, " + std::to_string(size()) + "), got " +
+                            std::to_string(k));
+  }
+  const auto order = epoch_order();
+  const int64_t begin = k * options_.batch_size;
+  const int64_t end = std::min<int64_t>(begin + options_.batch_size, dataset_->size());
+  return {order.begin() + begin, order.begin() + end};
+}
+
+}  // namespace crucible

@@ -1,0 +1,107 @@
+// Edge vectors and autograd forces / stress for any EnergyModel.
+//
+// Forces are F = -∂E/∂r. Stress follows the strain-derivative definition
+// σ = (1/V) ∂E/∂ε at ε = 0 under the homogeneous symmetric deformation
+// r → r(1+ε), cell → cell(1+ε) (Knuth et al., Comput. Phys. Commun. 190, 33
+// (2015)); this is ASE's sign convention (ase.calculators.calculator.
+// Calculator.calculate_numerical_stress) and the one used by MACE / NequIP.
+
+#include "crucible/models/energy_model.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <stdexcept>
+#include <vector>
+
+namespace crucible {
+
+at::Tensor edge_vectors(const Batch& batch) {
+  const at::Tensor& pos = batch.positions;
+  const at::Tensor i = batch.edge_index.select(0, 0);
+  const at::Tensor j = batch.edge_index.select(0, 1);
+  at::Tensor vec = pos.index_select(0, j) - pos.index_select(0, i);  // [E,3]
+  if (batch.cell.defined() && batch.shifts.defined() && vec.size(0) > 0) {
+    // Cell of each edge's structure (graph of its center atom): [E,3,3].
+    const at::Tensor edge_cell = batch.cell.index_select(0, batch.batch.index_select(0, i));
+    const at::Tensor s = batch.shifts.to(pos.scalar_type()).unsqueeze(1);  // [E,1,3]
+    vec = vec + at::bmm(s, edge_cell).squeeze(1);                         // S · cell
+  }
+  return vec;
+}
+
+ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const ComputeOptions& options) {
+  ModelOutputs out;
+  const bool need_grad = options.forces || options.stress;
+
+  if (!need_grad) {
+    if (options.training) {
+      out.energy = model.energy(batch);
+    } else {
+      at::NoGradGuard no_grad;
+      out.energy = model.energy(batch);
+    }
+    return out;
+  }
+
+  if (options.stress && !batch.cell.defined()) {
+    throw std::invalid_argument("compute_outputs: stress requested but the batch has no cell tensor");
+  }
+
+  // Shallow copy: every tensor is shared except the ones replaced below.
+  Batch b = batch;
+  const at::Tensor positions = batch.positions.detach().requires_grad_(true);  // fresh leaf [N,3]
+  std::vector<at::Tensor> inputs{positions};
+
+  at::Tensor strain;
+  if (options.stress) {
+    const int64_t num_graphs = batch.cell.size(0);
+    strain = at::zeros({num_graphs, 3, 3}, batch.positions.options()).requires_grad_(true);
+    const at::Tensor sym = 0.5 * (strain + strain.transpose(1, 2));  // [B,3,3]
+    const at::Tensor atom_sym = sym.index_select(0, batch.batch);      // [N,3,3]
+    b.positions = positions + at::bmm(positions.unsqueeze(1), atom_sym).squeeze(1);
+    const at::Tensor cell = batch.cell.detach();
+    b.cell = cell + at::bmm(cell, sym);
+    inputs.push_back(strain);
+  } else {
+    b.positions = positions;
+  }
+
+  at::Tensor energy = model.energy(b);  // [B]
+
+  std::vector<at::Tensor> grads(inputs.size());
+  if (energy.requires_grad()) {
+    grads = torch::autograd::grad({energy.sum()}, inputs, /*grad_outputs=*/{},
+                                  /*retain_graph=*/options.training,
+                                  /*create_graph=*/options.training,
+                                  /*allow_unused=*/true);
+  }
+  // Inputs the energy does not depend on (e.g. isolated atoms, no edges).
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (!grads[k].defined()) grads[k] = at::zeros_like(inputs[k]).detach();
+  }
+
+  out.energy = energy;
+  if (options.forces) out.forces = -grads[0];
+  if (options.stress) {
+    const at::Tensor cell = batch.cell.detach();
+    const at::Tensor volume = at::linalg_det(cell).abs();  // [B]
+    // Non-periodic structures (all pbc false) have no volume: stress 0 there.
+    at::Tensor periodic = batch.pbc.defined()
+                              ? batch.pbc.to(volume.device()).any(1)
+                              : at::ones_like(volume, volume.options().dtype(at::kBool));
+    periodic = at::logical_and(periodic, volume > 0);
+    const at::Tensor safe_volume = at::where(periodic, volume, at::ones_like(volume));
+    const at::Tensor stress = grads[1] / safe_volume.view({-1, 1, 1});
+    out.stress = at::where(periodic.view({-1, 1, 1}), stress, at::zeros_like(stress));
+  }
+
+  if (!options.training) {
+    out.energy = out.energy.detach();
+    if (out.forces.defined()) out.forces = out.forces.detach();
+    if (out.stress.defined()) out.stress = out.stress.detach();
+  }
+  return out;
+}
+
+}  // namespace crucible

@@ -1,0 +1,215 @@
+// SchNet (Schütt, Sauceda, Kindermans, Tkatchenko, Müller, J. Chem. Phys.
+// 148, 241722 (2018)), in the layer layout of schnetpack's SchNetInteraction:
+// in2f (no bias) → continuous-filter convolution → f2out (Dense + ssp) → Dense,
+// with a residual update of the atom features.
+
+#include "crucible/models/schnet.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace crucible {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+/// Shifted softplus ssp(x) = ln(½eˣ + ½) = softplus(x) - ln 2 (Schütt et al. 2018, Eq. 4).
+at::Tensor shifted_softplus(const at::Tensor& x) { return at::softplus(x) - std::log(2.0); }
+
+void check_options(const SchNetOptions& o) {
+  auto fail = [](const std::string& what) {
+    throw std::invalid_argument("SchNetOptions: " + what);
+  };
+  if (o.hidden_channels < 2) fail("hidden_channels must be >= 2, got " + std::to_string(o.hidden_channels));
+  if (o.num_filters < 1) fail("num_filters must be >= 1, got " + std::to_string(o.num_filters));
+  if (o.num_interactions < 0) fail("num_interactions must be >= 0, got " + std::to_string(o.num_interactions));
+  if (o.num_gaussians < 2) fail("num_gaussians must be >= 2, got " + std::to_string(o.num_gaussians));
+  if (!(o.cutoff > 0.0) || !std::isfinite(o.cutoff)) fail("cutoff must be a finite number > 0, got " + std::to_string(o.cutoff));
+  if (o.max_atomic_number < 1) fail("max_atomic_number must be >= 1, got " + std::to_string(o.max_atomic_number));
+}
+
+}  // namespace
+
+SchNetImpl::SchNetImpl(SchNetOptions options) : options_(options) {
+  check_options(options_);
+  reset();
+}
+
+void SchNetImpl::reset() {
+  const int64_t F = options_.hidden_channels;
+  const int64_t K = options_.num_filters;
+  const int64_t G = options_.num_gaussians;
+  const int64_t T = options_.num_interactions;
+
+  embedding_ = register_module("embedding", torch::nn::Embedding(options_.max_atomic_number + 1, F));
+  filter1_ = register_module("filter1", torch::nn::ModuleList());
+  filter2_ = register_module("filter2", torch::nn::ModuleList());
+  in2f_ = register_module("in2f", torch::nn::ModuleList());
+  f2out_ = register_module("f2out", torch::nn::ModuleList());
+  dense_ = register_module("dense", torch::nn::ModuleList());
+  for (int64_t t = 0; t < T; ++t) {
+    filter1_->push_back(torch::nn::Linear(G, K));
+    filter2_->push_back(torch::nn::Linear(K, K));
+    in2f_->push_back(torch::nn::Linear(torch::nn::LinearOptions(F, K).bias(false)));
+    f2out_->push_back(torch::nn::Linear(K, F));
+    dense_->push_back(torch::nn::Linear(F, F));
+  }
+  out1_ = register_module("out1", torch::nn::Linear(F, F / 2));
+  out2_ = register_module("out2", torch::nn::Linear(F / 2, 1));
+
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  offsets_ = register_buffer("offsets", at::linspace(0.0, options_.cutoff, G, opts));
+  e0_ = register_buffer("e0", at::zeros({options_.max_atomic_number + 1}, opts));
+  scale_ = register_buffer("scale", at::ones({}, opts));
+  shift_ = register_buffer("shift", at::zeros({}, opts));
+}
+
+at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
+  const int64_t N = batch.positions.size(0);
+  const double rc = options_.cutoff;
+  const double delta = rc / static_cast<double>(options_.num_gaussians - 1);
+  const double gamma = 0.5 / (delta * delta);
+
+  const at::Tensor i = batch.edge_index.select(0, 0);
+  const at::Tensor j = batch.edge_index.select(0, 1);
+  const at::Tensor vec = edge_vectors(batch);                  // [E,3]
+  const at::Tensor d = vec.pow(2).sum(-1).sqrt();              // [E]
+  // Gaussian expansion g_k(d) = exp(-γ (d - μ_k)²): [E,G].
+  const at::Tensor rbf = at::exp(-gamma * (d.unsqueeze(-1) - offsets_).pow(2));
+  // Cosine cutoff f_c(d) = ½(cos(πd/r_c) + 1) for d < r_c, else 0 (Behler 2011): [E].
+  const at::Tensor fc = 0.5 * (at::cos(d * (kPi / rc)) + 1.0) * (d < rc).to(d.scalar_type());
+
+  at::Tensor x = embedding_->forward(batch.atomic_numbers);   // [N,F]
+  for (int64_t t = 0; t < options_.num_interactions; ++t) {
+    auto filter1 = filter1_->ptr<torch::nn::LinearImpl>(t);
+    auto filter2 = filter2_->ptr<torch::nn::LinearImpl>(t);
+    auto in2f = in2f_->ptr<torch::nn::LinearImpl>(t);
+    auto f2out = f2out_->ptr<torch::nn::LinearImpl>(t);
+    auto dense = dense_->ptr<torch::nn::LinearImpl>(t);
+    // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
+    const at::Tensor W = filter2->forward(shifted_softplus(filter1->forward(rbf))) * fc.unsqueeze(-1);
+    const at::Tensor h = in2f->forward(x);                    // [N,K]
+    const at::Tensor msg = h.index_select(0, j) * W;          // [E,K]
+    at::Tensor v = at::zeros({N, msg.size(1)}, msg.options()).index_add(0, i, msg);  // Σ_j, [N,K]
+    v = dense->forward(shifted_softplus(f2out->forward(v)));  // [N,F]
+    x = x + v;
+  }
+  const at::Tensor y = out2_->forward(shifted_softplus(out1_->forward(x))).squeeze(-1);  // [N]
+  return scale_ * y + shift_;
+}
+
+at::Tensor SchNetImpl::energy(const Batch& batch) {
+  const at::Tensor atomic = atomic_energies(batch) + e0_.index_select(0, batch.atomic_numbers);  // [N]
+  const int64_t B = batch.num_atoms.size(0);
+  return at::zeros({B}, atomic.options()).index_add(0, batch.batch, atomic);
+}
+
+void SchNetImpl::set_energy_normalization(const at::Tensor& e0, double scale, double shift) {
+  if (!e0.defined() || e0.dim() != 1 || e0.size(0) != options_.max_atomic_number + 1) {
+    throw std::invalid_argument("SchNet::set_energy_normalization: e0 must have shape [" +
+                                std::to_string(options_.max_atomic_number + 1) + "]");
+  }
+  if (!std::isfinite(scale) || !std::isfinite(shift)) {
+    throw std::invalid_argument("SchNet::set_energy_normalization: scale and shift must be finite");
+  }
+  at::NoGradGuard no_grad;
+  e0_.copy_(e0.detach());
+  scale_.fill_(scale);
+  shift_.fill_(shift);
+}
+
+at::Tensor fit_reference_energies(const std::vector<Structure>& structures, int64_t max_z) {
+  if (max_z < 1) throw std::invalid_argument("fit_reference_energies: max_z must be >= 1");
+  std::vector<const Structure*> labelled;
+  for (const auto& s : structures)
+    if (s.energy.has_value()) labelled.push_back(&s);
+  if (labelled.empty()) {
+    throw std::invalid_argument("fit_reference_energies: no structure has an energy");
+  }
+
+  // Per-structure element counts n_{s,Z}.
+  const int64_t S = static_cast<int64_t>(labelled.size());
+  at::Tensor counts = at::zeros({S, max_z + 1}, at::kDouble);
+  at::Tensor energies = at::zeros({S, 1}, at::kDouble);
+  auto c = counts.accessor<double, 2>();
+  auto e = energies.accessor<double, 2>();
+  for (int64_t s = 0; s < S; ++s) {
+    const at::Tensor z = labelled[s]->atomic_numbers.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* zp = z.data_ptr<int64_t>();
+    for (int64_t a = 0; a < z.numel(); ++a) {
+      if (zp[a] < 0 || zp[a] > max_z) {
+        throw std::invalid_argument("fit_reference_energies: atomic number " + std::to_string(zp[a]) +
+                                    " outside 0.." + std::to_string(max_z) + " in " + labelled[s]->source);
+      }
+      c[s][zp[a]] += 1.0;
+    }
+    e[s][0] = *labelled[s]->energy;
+  }
+
+  // Only the elements present: the count matrix [S, P].
+  const at::Tensor present = counts.sum(0).gt(0).nonzero().squeeze(1);  // [P] int64
+  at::Tensor result = at::zeros({max_z + 1}, at::kDouble);
+  if (present.numel() == 0) return result;
+  const at::Tensor A = counts.index_select(1, present);
+  // gelsd: SVD-based, minimum-norm solution when rank deficient (as numpy's
+  // lstsq in MACE's compute_average_E0s).
+  const at::Tensor solution = std::get<0>(at::linalg_lstsq(A, energies, c10::nullopt, "gelsd"));
+  result.index_copy_(0, present, solution.squeeze(1));
+  return result;
+}
+
+std::pair<double, double> fit_energy_scale_shift(const std::vector<Structure>& structures,
+                                                 const at::Tensor& e0) {
+  const at::Tensor e0d = e0.detach().to(at::kCPU, at::kDouble).contiguous();
+  const int64_t nz = e0d.numel();
+  const double* e0p = e0d.data_ptr<double>();
+
+  std::vector<double> residuals;  // (E - Σ E0) / N per structure with an energy
+  double sum_f2 = 0.0;
+  int64_t n_f = 0;
+  for (const auto& s : structures) {
+    const int64_t n = s.num_atoms();
+    if (s.energy.has_value() && n > 0) {
+      const at::Tensor z = s.atomic_numbers.to(at::kCPU, at::kLong).contiguous();
+      const int64_t* zp = z.data_ptr<int64_t>();
+      double ref = 0.0;
+      for (int64_t a = 0; a < n; ++a) {
+        if (zp[a] < 0 || zp[a] >= nz) {
+          throw std::invalid_argument("fit_energy_scale_shift: atomic number " + std::to_string(zp[a]) +
+                                      " outside the e0 table in " + s.source);
+        }
+        ref += e0p[zp[a]];
+      }
+      residuals.push_back((*s.energy - ref) / static_cast<double>(n));
+    }
+    if (s.forces.has_value() && s.forces->numel() > 0) {
+      sum_f2 += s.forces->to(at::kDouble).pow(2).sum().item<double>();
+      n_f += s.forces->numel();
+    }
+  }
+
+  double shift = 0.0;
+  for (double r : residuals) shift += r;
+  if (!residuals.empty()) shift /= static_cast<double>(residuals.size());
+
+  double scale = 0.0;
+  if (n_f > 0) {
+    scale = std::sqrt(sum_f2 / static_cast<double>(n_f));
+  }
+  if (!(scale > 0.0) || !std::isfinite(scale)) {
+    // Fallback: (population) std of the per-atom residual energies.
+    scale = 0.0;
+    if (residuals.size() > 1) {
+      double var = 0.0;
+      for (double r : residuals) var += (r - shift) * (r - shift);
+      scale = std::sqrt(var / static_cast<double>(residuals.size()));
+    }
+  }
+  if (!(scale > 0.0) || !std::isfinite(scale)) scale = 1.0;
+  return {scale, shift};
+}
+
+}  // namespace crucible

@@ -1,0 +1,381 @@
+#include "crucible/training/strategy.h"
+
+#include "crucible/common/error.h"
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace crucible {
+
+namespace {
+
+void check_optimizer_config(const OptimizerConfig& c) {
+  auto bad = [](const std::string& key, const std::string& expected, double got) {
+    std::ostringstream os;
+    os << "training.optimizer." << key << " must be " << expected << ", got " << got;
+    throw ConfigError(os.str());
+  };
+  if (c.name != "adam" && c.name != "adamw") {
+    throw ConfigError("training.optimizer.name must be one of adam, adamw, got '" + c.name + "'");
+  }
+  if (!(c.lr > 0.0) || !std::isfinite(c.lr)) bad("lr", "a finite number > 0", c.lr);
+  if (!(c.weight_decay >= 0.0)) bad("weight_decay", ">= 0", c.weight_decay);
+  if (!(c.beta1 >= 0.0 && c.beta1 < 1.0)) bad("beta1", "in [0, 1)", c.beta1);
+  if (!(c.beta2 >= 0.0 && c.beta2 < 1.0)) bad("beta2", "in [0, 1)", c.beta2);
+  if (!(c.eps > 0.0)) bad("eps", "> 0", c.eps);
+}
+
+LossOutput detach_losses(const LossOutput& in) {
+  LossOutput out;
+  out.total = in.total.detach();
+  for (const auto& [k, v] : in.components) out.components[k] = v.detach();
+  out.weights = in.weights;
+  return out;
+}
+
+ModelOutputs detach_outputs(const ModelOutputs& in) {
+  ModelOutputs out;
+  if (in.energy.defined()) out.energy = in.energy.detach();
+  if (in.forces.defined()) out.forces = in.forces.detach();
+  if (in.stress.defined()) out.stress = in.stress.detach();
+  return out;
+}
+
+}  // namespace
+
+TrainingStrategy::TrainingStrategy(std::shared_ptr<EnergyModel> model, StrategyOptions options,
+                                   WeightedSumLoss loss, std::vector<std::shared_ptr<Hook>> hooks,
+                                   TrainingFn training_fn)
+    : model_(std::move(model)),
+      options_(std::move(options)),
+      loss_(std::move(loss)),
+      training_fn_(std::move(training_fn)) {
+  if (!model_) throw ConfigError("model must be set, got null");
+  const bool have_epochs = options_.num_epochs.has_value();
+  const bool have_steps = options_.num_steps.has_value();
+  if (have_epochs == have_steps) {
+    throw ConfigError(std::string("exactly one of training.num_epochs or training.num_steps must "
+                                  "be set, got ") +
+                      (have_epochs ? "both" : "neither"));
+  }
+  if (have_epochs && *options_.num_epochs < 1) {
+    throw ConfigError("training.num_epochs must be >= 1, got " +
+                      std::to_string(*options_.num_epochs));
+  }
+  if (have_steps && *options_.num_steps < 1) {
+    throw ConfigError("training.num_steps must be >= 1, got " +
+                      std::to_string(*options_.num_steps));
+  }
+  if (!(options_.epoch_step_modifier > 0.0) || !std::isfinite(options_.epoch_step_modifier)) {
+    throw ConfigError("training.epoch_step_modifier must be a finite number > 0, got " +
+                      std::to_string(options_.epoch_step_modifier));
+  }
+  if (loss_.empty()) throw ConfigError("loss must have at least one term with a weight, got none");
+  check_optimizer_config(options_.optimizer);
+  if (options_.validation) {
+    const auto& v = *options_.validation;
+    if (!v.data || v.data->size() == 0) {
+      throw ConfigError("validation data must contain at least one structure, got none");
+    }
+    if (v.every_n_epochs < 0 || v.every_n_steps < 0) {
+      throw ConfigError("validation.every_n_epochs and every_n_steps must be >= 0");
+    }
+  }
+  if (!training_fn_) {
+    const bool forces = loss_.needs_forces();
+    const bool stress = loss_.needs_stress();
+    training_fn_ = [forces, stress](EnergyModel& m, const Batch& b) {
+      ComputeOptions co;
+      co.forces = forces;
+      co.stress = stress && b.has_stress.any().item<bool>();
+      co.training = true;
+      return compute_outputs(m, b, co);
+    };
+  }
+  model_->module().to(options_.device, options_.dtype);
+  for (auto& h : hooks) register_hook(std::move(h));
+}
+
+TrainingStrategy::~TrainingStrategy() = default;
+
+void TrainingStrategy::register_hook(std::shared_ptr<Hook> hook) {
+  if (!hook) throw ConfigError("hooks must not contain null, got a null hook");
+  for (const auto& h : hooks_) {
+    if (h == hook) {
+      throw ConfigError("hooks must not contain duplicate hook instances, got '" + hook->name() +
+                        "' twice; pass distinct hook objects instead");
+    }
+  }
+  for (TrainingStage do_stage : {TrainingStage::DO_BACKWARD, TrainingStage::DO_OPTIMIZER_STEP}) {
+    if (!hook->runs_on_stage(do_stage)) continue;
+    for (const auto& h : hooks_) {
+      if (h->runs_on_stage(do_stage)) {
+        throw ConfigError(std::string("at most one hook may claim ") + stage_name(do_stage) +
+                          ", got 2: " + h->name() + ", " + hook->name());
+      }
+    }
+  }
+  auto candidate = hooks_;
+  candidate.push_back(hook);
+  for (const auto& h : candidate) h->validate_registered_hooks(candidate);
+  hooks_ = std::move(candidate);
+  has_do_backward_ = has_do_optimizer_step_ = false;
+  for (const auto& h : hooks_) {
+    has_do_backward_ = has_do_backward_ || h->runs_on_stage(TrainingStage::DO_BACKWARD);
+    has_do_optimizer_step_ =
+        has_do_optimizer_step_ || h->runs_on_stage(TrainingStage::DO_OPTIMIZER_STEP);
+  }
+}
+
+std::vector<torch::optim::Optimizer*> TrainingStrategy::optimizers() {
+  if (!optimizer_) return {};
+  return {optimizer_.get()};
+}
+
+void TrainingStrategy::ensure_optimizer() {
+  if (optimizer_) return;
+  std::vector<at::Tensor> params;
+  for (auto& p : model_->module().parameters()) {
+    if (p.requires_grad()) params.push_back(p);
+  }
+  if (params.empty()) throw ConfigError("model has no trainable parameters");
+  const auto& c = options_.optimizer;
+  if (c.name == "adamw") {
+    torch::optim::AdamWOptions o(c.lr);
+    o.betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay).amsgrad(c.amsgrad);
+    optimizer_ = std::make_unique<torch::optim::AdamW>(params, o);
+  } else {
+    torch::optim::AdamOptions o(c.lr);
+    o.betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay).amsgrad(c.amsgrad);
+    optimizer_ = std::make_unique<torch::optim::Adam>(params, o);
+  }
+}
+
+TrainContext TrainingStrategy::make_context(const Batch* batch) {
+  TrainContext ctx;
+  ctx.strategy = this;
+  ctx.batch = batch;
+  ctx.model = model_.get();
+  ctx.optimizers = optimizers();
+  return ctx;
+}
+
+void TrainingStrategy::run_hooks(TrainingStage stage, TrainContext& ctx) {
+  if (hooks_.empty()) return;
+  ctx.step_count = step_count;
+  ctx.global_step_count = global_step_count;
+  ctx.batch_count = batch_count;
+  ctx.epoch_count = epoch_count;
+  ctx.epoch_step_count = epoch_step_count;
+  ctx.validation = last_validation_ ? &*last_validation_ : nullptr;
+  for (const auto& h : hooks_) {
+    if (!h->runs_on_stage(stage)) continue;
+    if (step_count % h->frequency() != 0) continue;
+    (*h)(ctx, stage);
+  }
+}
+
+void TrainingStrategy::enter_hooks() {
+  size_t entered = 0;
+  try {
+    for (; entered < hooks_.size(); ++entered) hooks_[entered]->enter();
+  } catch (...) {
+    for (size_t i = entered; i-- > 0;) {
+      try {
+        hooks_[i]->exit(true);
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+}
+
+void TrainingStrategy::exit_hooks(bool failed) {
+  std::exception_ptr first;
+  for (size_t i = hooks_.size(); i-- > 0;) {
+    try {
+      hooks_[i]->exit(failed);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first && !failed) std::rethrow_exception(first);
+}
+
+void TrainingStrategy::train_batch(const Batch& batch) {
+  enter_hooks();
+  try {
+    ensure_optimizer();
+    model_->module().train(true);
+    train_batch_impl(batch.to(options_.device, options_.dtype));
+  } catch (...) {
+    exit_hooks(true);
+    throw;
+  }
+  exit_hooks(false);
+}
+
+void TrainingStrategy::train_batch_impl(const Batch& batch) {
+  TrainContext ctx = make_context(&batch);
+  run_hooks(TrainingStage::BEFORE_BATCH, ctx);
+  if (!has_do_optimizer_step_) optimizer_->zero_grad();
+  run_hooks(TrainingStage::BEFORE_FORWARD, ctx);
+  ModelOutputs predictions = training_fn_(*model_, batch);
+  ctx.predictions = &predictions;
+  run_hooks(TrainingStage::AFTER_FORWARD, ctx);
+  run_hooks(TrainingStage::BEFORE_LOSS, ctx);
+  LossOutput losses = loss_(predictions, batch);
+  ctx.loss = losses.total;
+  ctx.losses = &losses;
+  run_hooks(TrainingStage::AFTER_LOSS, ctx);
+  run_hooks(TrainingStage::BEFORE_BACKWARD, ctx);
+  if (has_do_backward_) {
+    run_hooks(TrainingStage::DO_BACKWARD, ctx);
+  } else {
+    ctx.loss.backward();
+  }
+  // From here on hooks see detached values only.
+  LossOutput detached = detach_losses(losses);
+  ModelOutputs detached_predictions = detach_outputs(predictions);
+  ctx.loss = detached.total;
+  ctx.losses = &detached;
+  ctx.predictions = &detached_predictions;
+  losses = LossOutput{};
+  predictions = ModelOutputs{};
+  run_hooks(TrainingStage::AFTER_BACKWARD, ctx);
+  run_hooks(TrainingStage::BEFORE_OPTIMIZER_STEP, ctx);
+  bool step_ran = true;
+  ctx.optimizer_step_skipped = false;
+  if (has_do_optimizer_step_) {
+    run_hooks(TrainingStage::DO_OPTIMIZER_STEP, ctx);
+    step_ran = !ctx.optimizer_step_skipped;
+  } else {
+    optimizer_->step();
+  }
+  optimizer_step_skipped_ = !step_ran;
+  run_hooks(TrainingStage::AFTER_OPTIMIZER_STEP, ctx);
+  ++batch_count;
+  ++epoch_step_count;
+  if (step_ran) {
+    ++step_count;
+    global_step_count += world_size;
+  }
+  run_hooks(TrainingStage::AFTER_BATCH, ctx);
+}
+
+int64_t TrainingStrategy::target_step_count(int64_t batches_per_epoch) const {
+  if (options_.num_steps) return *options_.num_steps;
+  if (batches_per_epoch <= 0) {
+    throw std::invalid_argument(
+        "data loader must contain at least one batch when num_epochs is set, got 0 batches");
+  }
+  return static_cast<int64_t>(std::ceil(static_cast<double>(*options_.num_epochs) *
+                                        static_cast<double>(batches_per_epoch) *
+                                        options_.epoch_step_modifier));
+}
+
+bool TrainingStrategy::validation_due_after_epoch() const {
+  if (!options_.validation) return false;
+  const int64_t n = options_.validation->every_n_epochs;
+  return n > 0 && epoch_count > 0 && epoch_count % n == 0;
+}
+
+void TrainingStrategy::maybe_validate_after_step() {
+  if (!options_.validation || optimizer_step_skipped_) return;
+  const int64_t n = options_.validation->every_n_steps;
+  if (n > 0 && step_count > 0 && step_count % n == 0) validate();
+}
+
+ValidationSummary TrainingStrategy::validate() {
+  if (!options_.validation) {
+    throw std::logic_error("TrainingStrategy::validate() requires a validation config");
+  }
+  const auto& v = *options_.validation;
+  EvaluateOptions eo;
+  eo.batch_size = v.batch_size;
+  eo.dtype = options_.dtype;
+  eo.stress = true;
+  last_validation_ = evaluate_model(*model_, *v.data, options_.device, eo);
+  TrainContext ctx = make_context(nullptr);
+  run_hooks(TrainingStage::AFTER_VALIDATION, ctx);
+  return *last_validation_;
+}
+
+void TrainingStrategy::run(DataLoader& loader) {
+  enter_hooks();
+  try {
+    TrainContext setup_ctx = make_context(nullptr);
+    run_hooks(TrainingStage::SETUP, setup_ctx);
+    const int64_t batches_per_epoch = loader.size();
+    const int64_t target = target_step_count(batches_per_epoch);
+    if (step_count < target) {
+      // Restart: normalise epoch_step_count and check counter consistency (seed 002).
+      if (batches_per_epoch > 0 && epoch_step_count >= batches_per_epoch) {
+        epoch_count += epoch_step_count / batches_per_epoch;
+        epoch_step_count %= batches_per_epoch;
+      }
+      const int64_t expected = epoch_count * batches_per_epoch + epoch_step_count;
+      if (batch_count != 0 && batch_count != expected) {
+        throw std::invalid_argument(
+            "restart counters are inconsistent: batch_count must equal epoch_count * "
+            "len(loader) + epoch_step_count = " +
+            std::to_string(expected) + ", got " + std::to_string(batch_count));
+      }
+      batch_count = std::max(batch_count, expected);
+      ensure_optimizer();
+      model_->module().train(true);
+      bool started = false;
+      while (step_count < target) {
+        loader.set_epoch(epoch_count);
+        loader.set_epoch_step(epoch_step_count);
+        const int64_t start = loader.take_start_step();
+        bool processed = false;
+        bool epoch_done = false;
+        for (int64_t k = start; k < batches_per_epoch; ++k) {
+          if (step_count >= target) break;
+          Batch batch = loader.batch(k).to(options_.device, options_.dtype);
+          TrainContext ctx = make_context(&batch);
+          if (!started) {
+            run_hooks(TrainingStage::BEFORE_TRAINING, ctx);
+            started = true;
+          }
+          if (epoch_step_count == 0) run_hooks(TrainingStage::BEFORE_EPOCH, ctx);
+          train_batch_impl(batch);
+          maybe_validate_after_step();
+          model_->module().train(true);
+          processed = true;
+          if (epoch_step_count >= batches_per_epoch) {
+            epoch_done = true;
+            break;
+          }
+        }
+        if (!processed && step_count < target) {
+          throw std::invalid_argument(
+              "data loader produced no batches before reaching the target step count; it must "
+              "be non-empty and compatible with the restored epoch_step_count");
+        }
+        if (epoch_done) {
+          ++epoch_count;
+          epoch_step_count = 0;
+          TrainContext ctx = make_context(nullptr);
+          run_hooks(TrainingStage::AFTER_EPOCH, ctx);
+          if (validation_due_after_epoch()) validate();
+          model_->module().train(true);
+        }
+      }
+      TrainContext end_ctx = make_context(nullptr);
+      run_hooks(TrainingStage::AFTER_TRAINING, end_ctx);
+      if (options_.validation) validate();
+    }
+  } catch (...) {
+    exit_hooks(true);
+    throw;
+  }
+  exit_hooks(false);
+}
+
+}  // namespace crucible

@@ -1,0 +1,374 @@
+// End-to-end tests of the `crucible` executable (CRUCIBLE_BINARY): train,
+// evaluate, config, malformed input, exit codes. Build both targets:
+//   ninja crucible test_cli
+
+#include "crucible/config/config.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace crucible {
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+/// Runs `crucible <args>` in `cwd`; captures stdout, stderr and the exit code.
+Result run_crucible(const fs::path& cwd, const std::vector<std::string>& args) {
+  const fs::path err_file = cwd / ("stderr_" + std::to_string(::getpid()) + ".txt");
+  std::string cmd = "cd " + shell_quote(cwd.string()) + " && " + shell_quote(CRUCIBLE_BINARY);
+  for (const auto& a : args) cmd += " " + shell_quote(a);
+  cmd += " 2>" + shell_quote(err_file.string());
+  Result r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read_text(err_file);
+  fs::remove(err_file);
+  return r;
+}
+
+/// Frames of an extxyz file as text blocks.
+std::vector<std::string> frames_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> frames;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const int n = std::stoi(line);
+    std::string frame = line + "\n";
+    for (int i = 0; i < n + 1 && std::getline(in, line); ++i) frame += line + "\n";
+    frames.push_back(frame);
+  }
+  return frames;
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ASSERT_TRUE(fs::exists(CRUCIBLE_BINARY))
+        << CRUCIBLE_BINARY << " does not exist: build the `crucible` target too";
+    dir_ = fs::temp_directory_path() / ("crucible_cli_test_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const auto frames =
+        frames_of(std::string(CRUCIBLE_SOURCE_DIR) + "/data/alloy_TiAl/TiAl_tutorial.xyz");
+    ASSERT_GE(frames.size(), 20u);
+    std::string train, valid;
+    for (size_t i = 0; i < 10; ++i) train += frames[i];
+    for (size_t i = 10; i < 14; ++i) valid += frames[i];
+    write_text(dir_ / "tiny.xyz", train);
+    write_text(dir_ / "tiny_valid.xyz", valid);
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  /// Small, fast training settings on the tiny files.
+  static std::vector<std::string> tiny_args(const std::string& run_dir) {
+    return {"train",
+            "data.train_file=" + (dir_ / "tiny.xyz").string(),
+            "data.valid_file=" + (dir_ / "tiny_valid.xyz").string(),
+            "training.num_epochs=2",
+            "training.batch_size=4",
+            "model.hidden_channels=8",
+            "model.num_filters=8",
+            "model.num_interactions=1",
+            "output.run_dir=" + run_dir};
+  }
+
+  static fs::path dir_;
+};
+
+fs::path CliTest::dir_;
+
+TEST_F(CliTest, HelpListsCommandsAndOptions) {
+  Result r = run_crucible(dir_, {"--help"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("train"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("evaluate"), std::string::npos) << r.out;
+  r = run_crucible(dir_, {"train", "--help"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("--config"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--print-config"), std::string::npos) << r.out;
+  r = run_crucible(dir_, {"evaluate", "--help"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("--model"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--data"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, BadUsageExitsOne) {
+  Result r = run_crucible(dir_, {"frobnicate"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("crucible: error: "), std::string::npos) << r.err;
+  r = run_crucible(dir_, {"evaluate", "--data", "x.xyz"});  // --model missing
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, DumpDefaultConfigLoadsBackAsDefaults) {
+  Result r = run_crucible(dir_, {"config", "--dump-default"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  Config c = default_config();
+  apply_config_yaml(c, r.out, "dump");
+  EXPECT_EQ(c, default_config());
+  r = run_crucible(dir_, {"train", "--print-config", "training.num_epochs=7"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  Config p = default_config();
+  apply_config_yaml(p, r.out, "print");
+  EXPECT_EQ(p.training.num_epochs.value(), 7);
+}
+
+TEST_F(CliTest, ConfigErrorsExitOneWithoutRunDirectory) {
+  const fs::path run = dir_ / "run_badcfg";
+  Result r = run_crucible(dir_, {"train", "training.optimiser.lr=0.1", "output.run_dir=" + run.string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("crucible: error: unknown config key 'training.optimiser'"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(run));
+
+  write_text(dir_ / "bad.yaml", "training:\n  num_epochs: 2\n  optimizer: {lr: [1, 2}\n");
+  r = run_crucible(dir_, {"train", "--config", (dir_ / "bad.yaml").string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("crucible: error: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("bad.yaml:3"), std::string::npos) << r.err;
+
+  write_text(dir_ / "typo.yaml", "model:\n  cutof: 4.0\n");
+  r = run_crucible(dir_, {"train", "--config", (dir_ / "typo.yaml").string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("unknown config key 'model.cutof' in "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(line 2)"), std::string::npos) << r.err;
+
+  r = run_crucible(dir_, {"train", "data.train_file=" + (dir_ / "missing.xyz").string(),
+                          "output.run_dir=" + run.string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("missing.xyz"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run));
+}
+
+TEST_F(CliTest, TrainWritesRunDirectoryAndEvaluateMatches) {
+  const fs::path run = dir_ / "run_tiny";
+  Result r = run_crucible(dir_, tiny_args(run.string()));
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  for (const char* f : {"config.yaml", "metrics.csv", "model.pt", "model.json", "summary.json"}) {
+    EXPECT_TRUE(fs::exists(run / f)) << f;
+  }
+  EXPECT_NE(r.out.find("epoch 1/2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("zero-forces baseline"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("wall time"), std::string::npos) << r.out;
+
+  // config.yaml is the resolved config, loadable as a config file.
+  const Config resolved = load_config_file((run / "config.yaml").string());
+  EXPECT_EQ(resolved.training.num_epochs.value(), 2);
+  EXPECT_EQ(resolved.model.hidden_channels, 8);
+  EXPECT_EQ(resolved.output.run_dir.value(), run.string());
+
+  // metrics.csv: header and one row per epoch.
+  std::istringstream csv(read_text(run / "metrics.csv"));
+  std::string header, line;
+  std::getline(csv, header);
+  EXPECT_EQ(header.rfind("epoch,step,elapsed_s,train_loss", 0), 0u) << header;
+  EXPECT_NE(header.find("valid_forces_mae"), std::string::npos) << header;
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    if (!line.empty()) ++rows;
+  }
+  EXPECT_EQ(rows, 2);
+
+  const auto summary = nlohmann::json::parse(read_text(run / "summary.json"));
+  EXPECT_TRUE(summary.at("finished").get<bool>());
+  EXPECT_EQ(summary.at("epochs_completed").get<int>(), 2);
+  const auto& v = summary.at("validation");
+  const double f_mae = v.at("forces_mae").get<double>();
+  EXPECT_TRUE(std::isfinite(f_mae));
+  EXPECT_GT(v.at("zero_forces_mae").get<double>(), 0.0);
+
+  const auto model = nlohmann::json::parse(read_text(run / "model.json"));
+  EXPECT_EQ(model.at("model_type"), "schnet");
+  EXPECT_EQ(model.at("elements"), nlohmann::json({"Al", "Ti"}));
+  EXPECT_EQ(model.at("hyperparameters").at("hidden_channels"), 8);
+
+  // evaluate on the validation file reproduces the final validation metrics.
+  const fs::path metrics_json = dir_ / "eval.json";
+  r = run_crucible(dir_, {"evaluate", "--model", run.string(), "--data",
+                          (dir_ / "tiny_valid.xyz").string(), "--json", metrics_json.string()});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("structures 4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("meV/atom"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("meV/Å"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("zero-forces baseline"), std::string::npos) << r.out;
+  const auto eval = nlohmann::json::parse(read_text(metrics_json));
+  for (const char* k : {"energy_mae", "energy_rmse", "forces_mae", "forces_rmse",
+                        "zero_forces_mae", "stress_mae"}) {
+    const double a = eval.at(k).get<double>();
+    const double b = v.at(k).get<double>();
+    EXPECT_NEAR(a, b, 1e-6 * std::max(1.0, std::abs(b))) << k;
+  }
+
+  // A finished run is not overwritten without output.overwrite.
+  r = run_crucible(dir_, tiny_args(run.string()));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("finished run"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(run / "summary.json"));
+
+  // Evaluate errors: a directory without a model.
+  r = run_crucible(dir_, {"evaluate", "--model", (dir_ / "nope").string(), "--data",
+                          (dir_ / "tiny_valid.xyz").string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("crucible: error: "), std::string::npos) << r.err;
+  r = run_crucible(dir_, {"evaluate", "--model", run.string(), "--data",
+                          (dir_ / "tiny_valid.xyz").string(), "training.num_epochs=3"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("only data.*"), std::string::npos) << r.err;
+}
+
+struct Malformed {
+  const char* name;
+  std::function<std::string(const std::vector<std::string>&)> make;
+  int line;  // expected line number in the message (0 = any)
+};
+
+/// Lines of a frame.
+std::vector<std::string> lines_of(const std::string& frame) {
+  std::vector<std::string> out;
+  std::istringstream in(frame);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
+}
+
+TEST_F(CliTest, MalformedDataFailsBeforeRunDirectory) {
+  const auto frames = frames_of((dir_ / "tiny.xyz").string());
+  ASSERT_GE(frames.size(), 3u);
+  // Frames 0 and 1 have 2 atoms each (lines 1-4 and 5-8 of the file).
+  const std::string good2 = frames[0] + frames[1];
+  const int third = static_cast<int>(lines_of(good2).size()) + 1;  // count line of frame 3
+  std::vector<Malformed> cases = {
+      {"truncated",
+       [&](const std::vector<std::string>& f) {
+         auto l = lines_of(f[2]);
+         l.pop_back();
+         return good2 + join_lines(l);
+       },
+       0},
+      {"non_numeric",
+       [&](const std::vector<std::string>& f) {
+         auto l = lines_of(f[2]);
+         std::istringstream in(l[2]);
+         std::string sym, x;
+         in >> sym >> x;
+         l[2].replace(l[2].find(x), x.size(), "abc");
+         return good2 + join_lines(l);
+       },
+       third + 2},
+      {"missing_pos_column",
+       [&](const std::vector<std::string>& f) {
+         auto l = lines_of(f[2]);
+         const auto p = l[1].find("pos:R:3:");
+         l[1].erase(p, 8);
+         return good2 + join_lines(l);
+       },
+       third + 1},
+      {"short_row",
+       [&](const std::vector<std::string>& f) {
+         auto l = lines_of(f[2]);
+         std::istringstream in(l[3]);
+         std::string sym, x, y;
+         in >> sym >> x >> y;  // species and two of three coordinates
+         l[3] = sym + " " + x + " " + y;
+         return good2 + join_lines(l);
+       },
+       third + 3},
+      {"atom_count_mismatch",
+       [&](const std::vector<std::string>& f) {
+         auto l = lines_of(f[2]);
+         l[0] = std::to_string(std::stoi(l[0]) + 5);
+         return good2 + join_lines(l);
+       },
+       0},
+  };
+  std::vector<std::string> frame_texts(frames.begin(), frames.end());
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const fs::path file = dir_ / (std::string("bad_") + c.name + ".xyz");
+    write_text(file, c.make(frame_texts));
+    const fs::path run = dir_ / (std::string("run_bad_") + c.name);
+    Result r = run_crucible(dir_, {"train", "data.train_file=" + file.string(),
+                                   "training.num_epochs=1", "output.run_dir=" + run.string()});
+    EXPECT_EQ(r.rc, 1) << r.out << r.err;
+    EXPECT_EQ(r.err.rfind("crucible: error: ", 0), 0u) << r.err;
+    const std::string name = file.filename().string();
+    const std::regex with_line(std::regex_replace(name, std::regex("\\."), "\\.") + ":[0-9]+: ");
+    EXPECT_TRUE(std::regex_search(r.err, with_line)) << r.err;
+    if (c.line > 0) {
+      EXPECT_NE(r.err.find(name + ":" + std::to_string(c.line) + ":"), std::string::npos) << r.err;
+    }
+    EXPECT_FALSE(fs::exists(run)) << "run directory created for bad input";
+    EXPECT_FALSE(fs::exists(run / "summary.json"));
+  }
+}
+
+TEST_F(CliTest, EthanolTrainsOneEpochWithBundledConfig) {
+  const fs::path run = dir_ / "run_ethanol";
+  Result r = run_crucible(dir_, {"train", "--config",
+                                 std::string(CRUCIBLE_SOURCE_DIR) + "/configs/ethanol.yaml",
+                                 "training.num_epochs=1", "output.run_dir=" + run.string()});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("kcal/mol"), std::string::npos) << r.out;
+  const auto summary = nlohmann::json::parse(read_text(run / "summary.json"));
+  const auto& v = summary.at("validation");
+  EXPECT_TRUE(std::isfinite(v.at("energy_mae").get<double>()));
+  EXPECT_TRUE(std::isfinite(v.at("forces_mae").get<double>()));
+  EXPECT_TRUE(v.at("stress_mae").is_null());  // no stress in the data
+  EXPECT_EQ(v.at("num_stresses").get<int>(), 0);
+  const auto model = nlohmann::json::parse(read_text(run / "model.json"));
+  EXPECT_EQ(model.at("data").at("energy_unit"), "kcal/mol");
+  EXPECT_EQ(model.at("elements"), nlohmann::json({"H", "C", "O"}));
+}
+
+}  // namespace
+}  // namespace crucible

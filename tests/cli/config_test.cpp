@@ -1,0 +1,329 @@
+// Config schema: loading, type checks, unknown keys, overrides, units, dump.
+
+#include "crucible/common/error.h"
+#include "crucible/config/config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace crucible {
+namespace {
+
+/// Runs `fn`, expects a ConfigError, returns its message.
+template <class Fn>
+std::string config_error(Fn fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected ConfigError";
+  return "";
+}
+
+Config from_yaml(const std::string& text) {
+  Config c = default_config();
+  apply_config_yaml(c, text, "cfg.yaml");
+  return c;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(Config, DefaultsAreValid) {
+  const Config c = default_config();
+  EXPECT_NO_THROW(validate_config(c));
+  EXPECT_EQ(c.data.train_file, "data/alloy_TiAl/TiAl_tutorial.xyz");
+  EXPECT_TRUE(c.training.num_epochs.has_value());
+  EXPECT_FALSE(c.training.num_steps.has_value());
+  EXPECT_EQ(c.model.type, "schnet");
+  EXPECT_EQ(c.data.energy_unit.factor, 1.0);
+}
+
+TEST(Config, EmptyDocumentKeepsDefaults) {
+  EXPECT_EQ(from_yaml(""), default_config());
+  EXPECT_EQ(from_yaml("# only a comment\n"), default_config());
+  EXPECT_EQ(from_yaml("training:\n"), default_config());
+}
+
+TEST(Config, LoadsNestedValues) {
+  const Config c = from_yaml(
+      "data:\n  train_file: foo.xyz\n  valid_file: bar.xyz\n  energy_key: REF_energy\n"
+      "model:\n  cutoff: 4.5\n  hidden_channels: 16\n"
+      "training:\n  batch_size: 3\n  optimizer:\n    name: adamw\n    lr: 1e-2\n"
+      "    amsgrad: true\n  loss:\n    forces_weight: 100\n  dtype: float32\n"
+      "output:\n  run_dir: runs/x\n  overwrite: yes\n");
+  EXPECT_EQ(c.data.train_file, "foo.xyz");
+  EXPECT_EQ(c.data.valid_file.value(), "bar.xyz");
+  EXPECT_EQ(c.data.energy_key, "REF_energy");
+  EXPECT_DOUBLE_EQ(c.model.cutoff, 4.5);
+  EXPECT_EQ(c.model.hidden_channels, 16);
+  EXPECT_EQ(c.training.batch_size, 3);
+  EXPECT_EQ(c.training.optimizer.name, "adamw");
+  EXPECT_DOUBLE_EQ(c.training.optimizer.lr, 0.01);
+  EXPECT_TRUE(c.training.optimizer.amsgrad);
+  EXPECT_DOUBLE_EQ(c.training.loss.forces_weight, 100.0);
+  EXPECT_EQ(c.training.dtype, "float32");
+  EXPECT_EQ(c.output.run_dir.value(), "runs/x");
+  EXPECT_TRUE(c.output.overwrite);
+  EXPECT_NO_THROW(validate_config(c));
+}
+
+TEST(Config, UnknownKeyRejectedWithFullPathAndLine) {
+  const std::string msg = config_error([] {
+    from_yaml("training:\n  num_epochs: 3\n  optimiser:\n    lr: 0.1\n");
+  });
+  EXPECT_NE(msg.find("unknown config key 'training.optimiser' in cfg.yaml (line 3)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("known keys: "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("training.optimizer"), std::string::npos) << msg;
+
+  const std::string nested = config_error([] { from_yaml("training:\n  optimizer:\n    lrr: 1\n"); });
+  EXPECT_NE(nested.find("unknown config key 'training.optimizer.lrr' in cfg.yaml (line 3)"),
+            std::string::npos)
+      << nested;
+  EXPECT_NE(nested.find("training.optimizer.lr"), std::string::npos) << nested;
+
+  const std::string top = config_error([] { from_yaml("datasets:\n  x: 1\n"); });
+  EXPECT_NE(top.find("unknown config key 'datasets' in cfg.yaml (line 1)"), std::string::npos)
+      << top;
+}
+
+TEST(Config, WrongTypeRejectedWithPathAndExpectedType) {
+  std::string msg = config_error([] { from_yaml("training:\n  num_epochs: abc\n"); });
+  EXPECT_NE(msg.find("training.num_epochs must be an integer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'abc'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("line 2"), std::string::npos) << msg;
+
+  msg = config_error([] { from_yaml("training:\n  batch_size: 2.5\n"); });
+  EXPECT_NE(msg.find("training.batch_size must be an integer"), std::string::npos) << msg;
+
+  msg = config_error([] { from_yaml("training:\n  optimizer:\n    lr: [1, 2]\n"); });
+  EXPECT_NE(msg.find("training.optimizer.lr must be a number, got a list"), std::string::npos)
+      << msg;
+
+  msg = config_error([] { from_yaml("training:\n  optimizer:\n    lr: \"0.01\"\n"); });
+  EXPECT_NE(msg.find("training.optimizer.lr must be a number, got the string '0.01'"),
+            std::string::npos)
+      << msg;
+
+  msg = config_error([] { from_yaml("training:\n  optimizer:\n    amsgrad: maybe\n"); });
+  EXPECT_NE(msg.find("training.optimizer.amsgrad must be a boolean"), std::string::npos) << msg;
+
+  msg = config_error([] { from_yaml("data:\n  train_file: {a: 1}\n"); });
+  EXPECT_NE(msg.find("data.train_file must be a string, got a mapping"), std::string::npos) << msg;
+
+  msg = config_error([] { from_yaml("training: 5\n"); });
+  EXPECT_NE(msg.find("training must be a mapping"), std::string::npos) << msg;
+
+  msg = config_error([] { from_yaml("training:\n  dtype: float16\n"); });
+  EXPECT_NE(msg.find("training.dtype must be one of float32, float64, got 'float16'"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(Config, OutOfRangeRejected) {
+  std::string msg = config_error([] { from_yaml("training:\n  optimizer:\n    lr: -1\n"); });
+  EXPECT_NE(msg.find("training.optimizer.lr must be a number > 0, got -1"), std::string::npos)
+      << msg;
+  msg = config_error([] { from_yaml("training:\n  batch_size: 0\n"); });
+  EXPECT_NE(msg.find("training.batch_size must be an integer >= 1, got 0"), std::string::npos)
+      << msg;
+  msg = config_error([] { from_yaml("data:\n  valid_fraction: 1.5\n"); });
+  EXPECT_NE(msg.find("data.valid_fraction must be a number in (0, 1), got 1.5"),
+            std::string::npos)
+      << msg;
+  msg = config_error([] { from_yaml("model:\n  cutoff: 0\n"); });
+  EXPECT_NE(msg.find("model.cutoff must be a number > 0, got 0"), std::string::npos) << msg;
+}
+
+TEST(Config, InvalidYamlReportsFileAndLine) {
+  const std::string msg = config_error([] { from_yaml("training:\n  batch_size: [1, 2\n"); });
+  EXPECT_NE(msg.find("cfg.yaml:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("invalid YAML"), std::string::npos) << msg;
+}
+
+TEST(Config, DuplicateKeyRejected) {
+  const std::string msg =
+      config_error([] { from_yaml("training:\n  batch_size: 2\n  batch_size: 3\n"); });
+  EXPECT_NE(msg.find("duplicate config key 'training.batch_size'"), std::string::npos) << msg;
+}
+
+TEST(Config, OverridesParsedAsYamlScalars) {
+  Config c = default_config();
+  apply_overrides(c, {"training.optimizer.lr=0.01", "training.num_epochs=3", "model.cutoff=4.5",
+                      "data.train_file=foo.xyz", "training.optimizer.amsgrad=true",
+                      "data.energy_unit=kcal/mol", "output.run_dir=runs/a b"});
+  EXPECT_DOUBLE_EQ(c.training.optimizer.lr, 0.01);
+  EXPECT_EQ(c.training.num_epochs.value(), 3);
+  EXPECT_DOUBLE_EQ(c.model.cutoff, 4.5);
+  EXPECT_EQ(c.data.train_file, "foo.xyz");
+  EXPECT_TRUE(c.training.optimizer.amsgrad);
+  EXPECT_EQ(c.data.energy_unit.name, "kcal/mol");
+  EXPECT_EQ(c.output.run_dir.value(), "runs/a b");
+  EXPECT_NO_THROW(validate_config(c));
+
+  apply_overrides(c, {"data.valid_file=bar.xyz"});
+  EXPECT_EQ(c.data.valid_file.value(), "bar.xyz");
+  apply_overrides(c, {"data.valid_file="});  // empty value = null
+  EXPECT_FALSE(c.data.valid_file.has_value());
+}
+
+TEST(Config, OverrideErrors) {
+  std::string msg = config_error([] {
+    Config c = default_config();
+    apply_overrides(c, {"training.optimiser.lr=0.01"});
+  });
+  EXPECT_NE(msg.find("unknown config key 'training.optimiser' in command-line override "
+                     "'training.optimiser.lr=0.01'"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("training.optimizer"), std::string::npos) << msg;
+
+  msg = config_error([] {
+    Config c = default_config();
+    apply_overrides(c, {"training.num_epochs"});
+  });
+  EXPECT_NE(msg.find("key.path=value"), std::string::npos) << msg;
+
+  msg = config_error([] {
+    Config c = default_config();
+    apply_overrides(c, {"training.batch_size=four"});
+  });
+  EXPECT_NE(msg.find("training.batch_size must be an integer, got 'four'"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("command-line override 'training.batch_size=four'"), std::string::npos)
+      << msg;
+
+  msg = config_error([] {
+    Config c = default_config();
+    apply_overrides(c, {"training=3"});
+  });
+  EXPECT_NE(msg.find("training must be a mapping"), std::string::npos) << msg;
+}
+
+TEST(Config, NumEpochsAndNumStepsAreExclusive) {
+  std::string msg = config_error([] { from_yaml("training:\n  num_epochs: 3\n  num_steps: 10\n"); });
+  EXPECT_NE(msg.find("training.num_epochs and training.num_steps must not both be set"),
+            std::string::npos)
+      << msg;
+  msg = config_error([] {
+    Config c = default_config();
+    apply_overrides(c, {"training.num_epochs=3", "training.num_steps=10"});
+  });
+  EXPECT_NE(msg.find("must not both be set"), std::string::npos) << msg;
+
+  // Setting one unsets the other.
+  Config c = default_config();
+  apply_overrides(c, {"training.num_steps=10"});
+  EXPECT_FALSE(c.training.num_epochs.has_value());
+  EXPECT_EQ(c.training.num_steps.value(), 10);
+  EXPECT_NO_THROW(validate_config(c));
+  Config d = from_yaml("training:\n  num_steps: 7\n");
+  EXPECT_FALSE(d.training.num_epochs.has_value());
+
+  // Neither: caught by validation.
+  Config e = from_yaml("training:\n  num_epochs: null\n");
+  msg = config_error([&] { validate_config(e); });
+  EXPECT_NE(msg.find("exactly one of training.num_epochs or training.num_steps"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(Config, NamedUnits) {
+  Config c = from_yaml(
+      "data:\n  energy_unit: kcal/mol\n  forces_unit: kcal/mol/Å\n  stress_unit: GPa\n");
+  EXPECT_NEAR(c.data.energy_unit.factor, 0.0433641043, 1e-10);
+  EXPECT_NEAR(c.data.forces_unit.factor, 0.0433641043, 1e-10);
+  EXPECT_NEAR(c.data.stress_unit.factor, 1.0 / 160.2176634, 1e-12);
+  EXPECT_EQ(c.data.energy_unit.name, "kcal/mol");
+
+  const double kHartree = 27.211386245988, kBohr = 0.529177210903;
+  EXPECT_NEAR(*named_unit_factor(UnitQuantity::kEnergy, "Hartree"), kHartree, 1e-12);
+  EXPECT_NEAR(*named_unit_factor(UnitQuantity::kEnergy, "hartree"), kHartree, 1e-12);
+  EXPECT_NEAR(*named_unit_factor(UnitQuantity::kEnergy, "Ry"), kHartree / 2, 1e-12);
+  EXPECT_NEAR(*named_unit_factor(UnitQuantity::kEnergy, "kJ/mol"), 0.0103642697, 1e-10);
+  EXPECT_EQ(*named_unit_factor(UnitQuantity::kEnergy, "eV"), 1.0);
+  EXPECT_EQ(*named_unit_factor(UnitQuantity::kForces, "eV/Å"), 1.0);
+  EXPECT_EQ(*named_unit_factor(UnitQuantity::kForces, "eV/A"), 1.0);
+  EXPECT_NEAR(*named_unit_factor(UnitQuantity::kForces, "kcal/mol/A"), 0.0433641043, 1e-10);
+  EXPECT_NEAR(*named_unit_factor(UnitQuantity::kForces, "Hartree/Bohr"), kHartree / kBohr, 1e-10);
+  EXPECT_NEAR(*named_unit_factor(UnitQuantity::kStress, "eV/Å^3"), 1.0, 0);
+  EXPECT_NEAR(*named_unit_factor(UnitQuantity::kStress, "kbar"), 0.1 / 160.2176634, 1e-12);
+  EXPECT_NEAR(*named_unit_factor(UnitQuantity::kStress, "Hartree/Bohr^3"),
+              kHartree / (kBohr * kBohr * kBohr), 1e-9);
+  EXPECT_FALSE(named_unit_factor(UnitQuantity::kForces, "kcal/mol").has_value());
+  EXPECT_FALSE(named_unit_factor(UnitQuantity::kEnergy, "eV/Å").has_value());
+
+  // A number is a multiplier.
+  Config n = from_yaml("data:\n  energy_unit: 0.5\n");
+  EXPECT_EQ(n.data.energy_unit.factor, 0.5);
+  EXPECT_TRUE(n.data.energy_unit.name.empty());
+
+  std::string msg = config_error([] { from_yaml("data:\n  energy_unit: furlongs\n"); });
+  EXPECT_NE(msg.find("data.energy_unit must be a number > 0 or a unit name"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("kcal/mol"), std::string::npos) << msg;
+  msg = config_error([] { from_yaml("data:\n  forces_unit: kcal/mol\n"); });
+  EXPECT_NE(msg.find("data.forces_unit must be"), std::string::npos) << msg;
+  msg = config_error([] { from_yaml("data:\n  energy_unit: -2\n"); });
+  EXPECT_NE(msg.find("data.energy_unit must be"), std::string::npos) << msg;
+}
+
+TEST(Config, DumpLoadRoundTrip) {
+  const Config d = default_config();
+  EXPECT_EQ(from_yaml(dump_config(d, true)), d);
+  EXPECT_EQ(from_yaml(dump_config(d, false)), d);
+
+  Config c = default_config();
+  apply_overrides(c, {"training.num_steps=123", "data.valid_file=v \"q\".xyz",
+                      "data.energy_unit=0.1234567890123", "data.forces_unit=Hartree/Bohr",
+                      "training.optimizer.lr=3e-4", "output.run_dir=x", "model.cutoff=4.25",
+                      "training.optimizer.eps=1e-12", "training.loss.energy_per_atom=false"});
+  const Config back = from_yaml(dump_config(c, true));
+  EXPECT_EQ(back, c);
+  EXPECT_EQ(back.data.valid_file.value(), "v \"q\".xyz");
+  EXPECT_FALSE(back.training.num_epochs.has_value());
+  EXPECT_EQ(back.data.energy_unit.factor, 0.1234567890123);
+}
+
+TEST(Config, BundledDefaultYamlMatchesDefaults) {
+  const std::string path = std::string(CRUCIBLE_SOURCE_DIR) + "/configs/default.yaml";
+  const Config c = load_config_file(path);
+  EXPECT_EQ(c, default_config());
+  // The file is the dump of the defaults (regenerate with `crucible config --dump-default`).
+  EXPECT_EQ(read_text(path), dump_config(default_config(), true));
+}
+
+TEST(Config, EthanolConfigLoads) {
+  const Config c = load_config_file(std::string(CRUCIBLE_SOURCE_DIR) + "/configs/ethanol.yaml");
+  EXPECT_NO_THROW(validate_config(c));
+  EXPECT_EQ(c.data.train_file, "data/molecular_ethanol_rmd17/ethanol_reduced_100.xyz");
+  EXPECT_EQ(c.data.energy_unit.name, "kcal/mol");
+  EXPECT_NEAR(c.data.forces_unit.factor, 0.0433641043, 1e-10);
+}
+
+TEST(Config, EveryKeyIsDocumented) {
+  const std::string docs = read_text(std::string(CRUCIBLE_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_FALSE(docs.empty());
+  for (const auto& k : config_keys()) {
+    EXPECT_NE(docs.find("`" + k.path + "`"), std::string::npos) << k.path << " not in docs";
+    EXPECT_FALSE(k.doc.empty()) << k.path;
+  }
+}
+
+TEST(Config, MissingFileIsConfigError) {
+  const std::string msg = config_error([] { load_config_file("/nonexistent/cfg.yaml"); });
+  EXPECT_NE(msg.find("/nonexistent/cfg.yaml"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace crucible
