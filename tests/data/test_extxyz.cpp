@@ -619,7 +619,8 @@ TEST_F(Extxyz, WriterRoundTripIsExact) {
   EXPECT_THROW(write_extxyz(tmp("no/such/dir/x.xyz"), structures), DataError);
 }
 
-TEST_F(Extxyz, HundredThousandAtomsIsFast) {
+// Large frames round-trip exactly (speed is measured by bench/, not here).
+TEST_F(Extxyz, HundredThousandAtomFramesRoundTrip) {
   Structure s;
   const int64_t n = 100000;
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
@@ -631,15 +632,11 @@ TEST_F(Extxyz, HundredThousandAtomsIsFast) {
   s.energy = -12345.678;
   const std::string path = tmp("big.xyz");
   write_extxyz(path, {s, s});
-  const auto t0 = std::chrono::steady_clock::now();
   const auto frames = read_extxyz(path);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(frames.size(), 2u);
   EXPECT_TRUE(at::equal(frames[1].positions, s.positions));
   EXPECT_TRUE(at::equal(*frames[1].forces, *s.forces));
   EXPECT_TRUE(at::equal(frames[1].atomic_numbers, s.atomic_numbers));
-  EXPECT_LT(seconds, 3.0) << "reading 200k atom lines took " << seconds << " s";
-  std::cout << "[ info ] read 200k atom lines in " << seconds << " s\n";
 }
 
 }  // namespace
