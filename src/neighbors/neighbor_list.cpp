@@ -1,8 +1,8 @@
 // Cell-list (binning) neighbor list for triclinic cells with mixed pbc.
 //
 // Algorithm (after ase.neighborlist.primitive_neighbor_list, ASE 3.22, and the
-// classic linked-cell method of Allen & Tildesley, "Computer Simulation of
-// Liquids", §5.3.2):
+// classic linked-cell method, Allen & Tildesley, "Computer Simulation of
+// Liquids", section on cell structures and linked lists):
 //   1. Build a binning basis B whose rows are the periodic lattice vectors;
 //      non-periodic directions get orthonormal vectors completing the basis
 //      (the user's cell is ignored there, exactly as shifts are zero there).
@@ -283,6 +283,19 @@ NeighborList build_neighbor_list(const at::Tensor& positions, const at::Tensor& 
                           : (nb[c] > 1 ? static_cast<double>(nb[c]) / fspan[c] : 0.0);
     reach[c] = cutoff / height[c] * (1.0 + 1e-6);
   }
+  {
+    // Guard against a cutoff absurdly larger than a tiny periodic cell (the
+    // degeneracy test above is scale-free): the image search would not end.
+    double images = 1.0;
+    for (int c = 0; c < 3; ++c)
+      if (pbc[c]) images *= 2.0 * reach[c] + 2.0;
+    if (images > 1e9) {
+      std::ostringstream os;
+      os << "cutoff must span at most ~1e9 periodic images, got cutoff " << cutoff
+         << " with cell heights (" << height[0] << ", " << height[1] << ", " << height[2] << ")";
+      throw std::invalid_argument(os.str());
+    }
+  }
 
   // Wrapped Cartesian positions w_i = x_i - cs_i · cell, stored in bin order.
   const int64_t n_bins = nb[0] * nb[1] * nb[2];
@@ -347,6 +360,7 @@ NeighborList build_neighbor_list(const at::Tensor& positions, const at::Tensor& 
   out_j.reserve(guess);
   out_s.reserve(3 * guess);
   std::vector<Edge> local;
+  std::vector<int64_t> cand;
 
   for (int64_t i = 0; i < n_atoms; ++i) {
     local.clear();
@@ -385,12 +399,17 @@ NeighborList build_neighbor_list(const at::Tensor& positions, const at::Tensor& 
           const double c1 = wi[1] - (fsx * lat[0][1] + fsy * lat[1][1] + fsz * lat[2][1]);
           const double c2 = wi[2] - (fsx * lat[0][2] + fsy * lat[1][2] + fsz * lat[2][2]);
           const int64_t base0 = sx + csi[0], base1 = sy + csi[1], base2 = sz + csi[2];
+          // Tight prefilter pass (keeps the hot loop in registers), then the
+          // exact test on the few survivors.
+          cand.clear();
           const int64_t k_end = bin_start[row + bx_end + 1];
           for (int64_t k = bin_start[row + bx]; k < k_end; ++k) {
             const double p0 = sorted_w[3 * k] - c0;
             const double p1 = sorted_w[3 * k + 1] - c1;
             const double p2 = sorted_w[3 * k + 2] - c2;
-            if (p0 * p0 + p1 * p1 + p2 * p2 >= pre2) continue;
+            if (p0 * p0 + p1 * p1 + p2 * p2 < pre2) cand.push_back(k);
+          }
+          for (const int64_t k : cand) {
             const int64_t j = sorted_id[k];
             const int64_t* csj = &sorted_cs[3 * k];
             const int64_t S0 = base0 - csj[0], S1 = base1 - csj[1], S2 = base2 - csj[2];

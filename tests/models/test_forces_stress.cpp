@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 namespace crucible {
 namespace {
@@ -51,6 +53,11 @@ Structure slab() {
   // Stretch c so that periodic images along c would be out of range anyway.
   s.cell[2] = at::tensor(std::vector<double>{0.3, -0.2, 12.0}, at::kDouble);
   return s;
+}
+
+/// Prints an achieved error (visible in the test log).
+void report(const std::string& what, double value) {
+  std::printf("    [info] %s = %.3e\n", what.c_str(), value);
 }
 
 double total_energy(SchNet& model, const Batch& b) {
@@ -130,6 +137,7 @@ TEST(ForcesStress, ForcesMatchFiniteDifferencesPeriodicTriclinic) {
   ModelOutputs out = compute_outputs(*model, b, {});
   at::Tensor fd = fd_forces(model, b);
   EXPECT_GT(fd.norm().item<double>(), 1e-3);
+  report("periodic forces vs FD, relative error", rel_err(out.forces, fd));
   EXPECT_LT(rel_err(out.forces, fd), kTol) << out.forces << fd;
   EXPECT_NEAR(out.energy.sum().item<double>(), total_energy(model, b), 1e-12);
 }
@@ -139,6 +147,7 @@ TEST(ForcesStress, ForcesMatchFiniteDifferencesMolecule) {
   Batch b = make_batch({molecule()}, kCutoff);
   ModelOutputs out = compute_outputs(*model, b, {});
   at::Tensor fd = fd_forces(model, b);
+  report("molecule forces vs FD, relative error", rel_err(out.forces, fd));
   EXPECT_LT(rel_err(out.forces, fd), kTol);
   // Newton's third law: no net force on an isolated molecule.
   EXPECT_LT(out.forces.sum(0).abs().max().item<double>(), 1e-12);
@@ -152,6 +161,7 @@ TEST(ForcesStress, StressMatchesFiniteDifferencesTriclinic) {
   ModelOutputs out = compute_outputs(*model, b, opt);
   at::Tensor fd = fd_stress(model, b);
   EXPECT_GT(fd.norm().item<double>(), 1e-4);
+  report("triclinic stress vs FD, relative error", rel_err(out.stress, fd));
   EXPECT_LT(rel_err(out.stress, fd), kTol) << out.stress << fd;
   // Symmetric by construction.
   EXPECT_LT((out.stress - out.stress.transpose(1, 2)).abs().max().item<double>(), 1e-15);
@@ -169,6 +179,7 @@ TEST(ForcesStress, StressMatchesFiniteDifferencesMixedBatch) {
   EXPECT_EQ(out.stress.sizes(), (at::IntArrayRef{3, 3, 3}));
   at::Tensor fd = fd_stress(model, b);
   for (int64_t g : {0, 2}) {
+    report("mixed-batch stress vs FD, graph " + std::to_string(g), rel_err(out.stress[g], fd[g]));
     EXPECT_LT(rel_err(out.stress[g], fd[g]), kTol) << "graph " << g;
   }
   // Non-periodic molecule: exactly zero stress, not NaN.
@@ -304,6 +315,9 @@ TEST(ForcesStress, ForceLossParameterGradientMatchesFiniteDifferences) {
       const double lm = loss_of(false).item<double>();
       flat[k] = orig;
       const double numeric = (lp - lm) / (2 * kStep);
+      std::printf("    [info] dL/d%s[%lld] = %.10e (FD %.10e)\n", name, static_cast<long long>(k), analytic, numeric);
+      report(std::string("dL/d") + name + "[" + std::to_string(k) + "] vs FD, relative error",
+             std::abs(analytic - numeric) / std::abs(numeric));
       EXPECT_NEAR(analytic, numeric, kTol * std::max(1.0, std::abs(numeric)) * 10)
           << name << "[" << k << "]";
       EXPECT_NE(analytic, 0.0) << name << "[" << k << "]";

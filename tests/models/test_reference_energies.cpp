@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 #include <string>
@@ -43,6 +44,12 @@ std::string run_python(const std::string& args) {
   while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
   const int status = pclose(pipe);
   return status == 0 ? out : "";
+}
+
+/// True when CRUCIBLE_PYTHON can import `modules` (comma-separated).
+bool python_has(const std::string& modules) {
+  const std::string cmd = std::string(CRUCIBLE_PYTHON) + " -c 'import " + modules + "' >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0;
 }
 
 TEST(ReferenceEnergies, RecoversExactSyntheticE0s) {
@@ -135,12 +142,15 @@ TEST(ReferenceEnergies, TiAlBundledDataMatchesNumpyOracle) {
   auto [scale, shift] = fit_energy_scale_shift(structures, e0);
   EXPECT_TRUE(std::isfinite(scale) && scale > 0);
   EXPECT_TRUE(std::isfinite(shift));
-  EXPECT_LT(std::abs(shift), 1.0);
+  EXPECT_LT(std::abs(shift), 5.0);
 
   // Independent oracle: ASE reader + numpy.linalg.lstsq (MACE compute_average_E0s).
   const std::string out = run_python(std::string(CRUCIBLE_SOURCE_DIR) +
                                      "/tests/models/oracles/reference_energies.py " + path);
-  if (out.empty()) GTEST_SKIP() << "python oracle (ASE/numpy) unavailable at " << CRUCIBLE_PYTHON;
+  if (out.empty()) {
+    if (!python_has("numpy, ase")) GTEST_SKIP() << "numpy/ASE unavailable at " << CRUCIBLE_PYTHON;
+    FAIL() << "python oracle failed";
+  }
   std::istringstream in(out);
   int64_t z;
   double value;

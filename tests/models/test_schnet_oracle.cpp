@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -69,6 +70,12 @@ std::vector<double> read_record(std::istream& in, const std::string& key, int64_
   return v;
 }
 
+/// True when CRUCIBLE_PYTHON can import `modules` (comma-separated).
+bool python_has(const std::string& modules) {
+  const std::string cmd = std::string(CRUCIBLE_PYTHON) + " -c 'import " + modules + "' >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
+
 TEST(SchNetOracle, MatchesIndependentPyTorchAseImplementation) {
   at::manual_seed(42);
   SchNetOptions o;
@@ -105,7 +112,10 @@ TEST(SchNetOracle, MatchesIndependentPyTorchAseImplementation) {
   }
   const std::string out = run_python(std::string(CRUCIBLE_SOURCE_DIR) + "/tests/models/oracles/schnet_oracle.py " + dump);
   std::filesystem::remove(dump);
-  if (out.empty()) GTEST_SKIP() << "python oracle (torch/ASE) unavailable at " << CRUCIBLE_PYTHON;
+  if (out.empty()) {
+    if (!python_has("torch, ase")) GTEST_SKIP() << "torch/ASE unavailable at " << CRUCIBLE_PYTHON;
+    FAIL() << "python oracle failed";
+  }
 
   std::istringstream in(out);
   for (const Structure& s : structures) {

@@ -20,7 +20,11 @@ struct LossOutput {
   std::map<std::string, double> weights;          ///< name → w_k.
 };
 
-/// A loss term L(pred, batch) → scalar (0-dim tensor, dtype of predictions).
+/// A loss term L(pred, batch) → scalar (0-dim tensor, dtype and device of
+/// predictions; labels are cast to them). A batch with no labelled item gives
+/// an exact 0 that is still connected to the graph. Unlabelled items are
+/// excluded (a NaN prediction there does not reach the value).
+/// @throws std::invalid_argument if the needed prediction or label is undefined.
 class LossFunction {
  public:
   virtual ~LossFunction() = default;
@@ -66,8 +70,10 @@ class StressMSELoss : public LossFunction {
 /// A component with no labels in the batch contributes 0.
 class WeightedSumLoss {
  public:
-  /// @throws std::invalid_argument on a negative weight or duplicate name.
+  /// @throws std::invalid_argument on a null term, a negative or non-finite
+  ///         weight, or a duplicate name.
   void add(std::shared_ptr<LossFunction> term, double weight);
+  /// With no terms, total = pred.energy.sum() * 0 (needs pred.energy).
   LossOutput operator()(const ModelOutputs& pred, const Batch& batch) const;
   bool needs_forces() const;
   bool needs_stress() const;

@@ -38,6 +38,10 @@ struct SchNetOptions {
 /// from training data (see `fit_reference_energies`).
 class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
  public:
+  /// Parameters are created in float32 (call `to(at::kDouble)` for float64).
+  /// @throws std::invalid_argument if hidden_channels < 2, num_filters < 1,
+  ///         num_interactions < 0, num_gaussians < 2, cutoff <= 0 or not
+  ///         finite, or max_atomic_number < 1.
   explicit SchNetImpl(SchNetOptions options = {});
   void reset() override;
 
@@ -48,7 +52,9 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
 
   /// Per-atom learned contribution scale · y_i + shift, [N] (no E0).
   at::Tensor atomic_energies(const Batch& batch);
-  /// Sets E0 ([max_atomic_number+1] eV, index = Z), scale (eV) and shift (eV/atom).
+  /// Sets E0 ([max_atomic_number+1] eV, index = Z; copied into the buffer's
+  /// dtype/device), scale (eV) and shift (eV/atom).
+  /// @throws std::invalid_argument on a wrong e0 shape or non-finite scale/shift.
   void set_energy_normalization(const at::Tensor& e0, double scale, double shift);
   const SchNetOptions& options() const { return options_; }
 
@@ -63,14 +69,21 @@ TORCH_MODULE(SchNet);
 
 /// Least-squares per-element reference energies E0: minimizes
 /// Σ_s (E_s - Σ_Z n_{s,Z} E0_Z)² over structures with an energy (MACE's
-/// `compute_average_E0s`). Returns [max_z+1] float64 (eV), zero for absent
-/// elements. @throws std::invalid_argument if no structure has an energy.
+/// `compute_average_E0s`). Only elements present get a column of the count
+/// matrix [S, P]; it is solved with LAPACK gelsd (SVD), so a rank-deficient
+/// system (e.g. every structure with the same composition ratio) gets the
+/// minimum-norm solution, as numpy.linalg.lstsq. Returns [max_z+1] float64
+/// (eV), zero for absent elements. @throws std::invalid_argument if no
+/// structure has an energy, max_z < 1, or an atomic number is outside 0..max_z.
 at::Tensor fit_reference_energies(const std::vector<Structure>& structures, int64_t max_z = 118);
 
 /// Energy normalization from data: shift = mean per-atom residual energy
 /// (E - ΣE0)/N and scale = RMS of force components (MACE's
 /// "rms_forces_scaling"; falls back to the std of the per-atom residual
 /// energy, then 1, if there are no forces). Returns {scale, shift} in eV.
+/// shift is 0 when no structure has an energy; a zero or non-finite scale
+/// falls back as above. e0: [>= max Z + 1] (any float dtype, index = Z).
+/// @throws std::invalid_argument if an atomic number is outside e0.
 std::pair<double, double> fit_energy_scale_shift(const std::vector<Structure>& structures,
                                                  const at::Tensor& e0);
 

@@ -23,15 +23,27 @@ struct NeighborList {
 
 /// Builds the neighbor list in O(N) with a cell list (binning).
 ///
-/// @param positions [N,3] float64 (other float dtypes are converted), Å.
+/// @param positions [N,3] float64 (other float dtypes are converted), Å. Atoms
+///                  may lie outside the cell; shifts are reported relative to
+///                  these original positions (as ASE does).
 /// @param cell      [3,3] float64, Å, rows are lattice vectors; ignored along
 ///                  non-periodic directions (may be all zeros if pbc is all false).
 /// @param pbc       periodicity along each lattice vector.
 /// @param cutoff    cutoff radius in Å, > 0; may exceed the cell heights
 ///                  (several images are then included).
-/// Pair vector convention: r_ij = positions[j] - positions[i] + S · cell.
-/// @throws std::invalid_argument if shapes are wrong, cutoff <= 0 or not
-///         finite, or a periodic direction has a degenerate cell.
+/// Pair vector convention: r_ij = positions[j] - positions[i] + S · cell;
+/// pairs with |r_ij| < cutoff (strict) are kept. Shifts are zero along
+/// non-periodic directions.
+/// @returns edges sorted by (i, j, S0, S1, S2); E = 0 gives [2,0], [0,3], [0,3].
+/// @throws std::invalid_argument if shapes are wrong, a tensor is not
+///         floating point, cutoff <= 0 or not finite, positions are not
+///         finite, a periodic direction has a degenerate cell (zero/non-finite
+///         vector or linearly dependent periodic vectors), or the cutoff would
+///         span more than ~1e9 periodic images.
+/// Algorithm: linked-cell method (Allen & Tildesley, "Computer Simulation of
+/// Liquids", cell structures and linked lists) with triclinic binning along
+/// cell heights, after ase.neighborlist.primitive_neighbor_list (ASE 3.22);
+/// see src/neighbors/neighbor_list.cpp for details.
 NeighborList build_neighbor_list(const at::Tensor& positions, const at::Tensor& cell,
                                  std::array<bool, 3> pbc, double cutoff);
 

@@ -87,7 +87,7 @@ def schnet_energy(options, t, atoms, positions, cell):
     vec = positions[j] - positions[i] + S @ cell
     d = torch.sqrt((vec ** 2).sum(-1))
     mu = t["offsets"]
-    gamma = 0.5 / (mu[1] - mu[0]) ** 2
+    gamma = 0.5 / (rc / (len(mu) - 1)) ** 2  # Δμ from the options, not the (float32-rounded) buffer
     rbf = torch.exp(-gamma * (d[:, None] - mu[None, :]) ** 2)
     fc = 0.5 * (torch.cos(math.pi * d / rc) + 1.0) * (d < rc)
     x = t["embedding.weight"][z]
@@ -131,6 +131,7 @@ def main(path):
         print("forces", fmt(-grad.numpy()))
         if atoms.pbc.any():
             calc = OracleCalculator(options, tensors)
+            atoms.calc = calc
             stress = calc.calculate_numerical_stress(atoms, d=1e-5, voigt=False)
         else:
             stress = np.zeros((3, 3))
