@@ -3,6 +3,7 @@
 #include "crucible/cli/commands.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/cli/progress.h"
+#include "crucible/cli/train_hooks.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
@@ -346,6 +347,16 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   auto csv = std::make_shared<MetricsCsvHook>((run_dir / "metrics.csv").string(), terms);
   TrainingStrategy strategy(model.ptr(), sopt, std::move(loss), {progress, csv});
   const int64_t target_steps = strategy.target_step_count(loader.size());
+  if (tc.clip_grad_norm > 0) {
+    strategy.register_hook(std::make_shared<GradClipHook>(tc.clip_grad_norm));
+  }
+  std::string schedule_text = "constant lr";
+  if (tc.scheduler.name == "cosine") {
+    strategy.register_hook(std::make_shared<CosineLrHook>(tc.optimizer.lr, target_steps,
+                                                          tc.scheduler.final_lr_factor));
+    schedule_text = fmt::format("cosine lr {} → {}", tc.optimizer.lr,
+                                tc.optimizer.lr * tc.scheduler.final_lr_factor);
+  }
 
   // ---- header.
   std::string elem_text, e0_text;
@@ -372,8 +383,10 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
       config.model.type, so.hidden_channels, so.num_filters, so.num_interactions,
       so.num_gaussians, so.cutoff, num_params);
   out << fmt::format("  loss       {}\n", loss_text);
-  out << fmt::format("  optimizer  {} lr {} weight_decay {}\n", tc.optimizer.name, tc.optimizer.lr,
-                     tc.optimizer.weight_decay);
+  out << fmt::format("  optimizer  {} lr {} weight_decay {}; {}; {}\n", tc.optimizer.name,
+                     tc.optimizer.lr, tc.optimizer.weight_decay, schedule_text,
+                     tc.clip_grad_norm > 0 ? fmt::format("clip_grad_norm {}", tc.clip_grad_norm)
+                                           : std::string("no gradient clipping"));
   out << fmt::format("  schedule   {} steps ({} batches/epoch, batch_size {}{})\n", target_steps,
                      loader.size(), tc.batch_size,
                      tc.num_epochs ? fmt::format(", {} epochs", *tc.num_epochs) : "");

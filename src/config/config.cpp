@@ -308,6 +308,25 @@ std::vector<Key> build_schema() {
            0.0);
   add("training.optimizer.amsgrad", Kind::kBool, "", "Use the AMSGrad variant of Adam.",
       [](Config& c) -> void* { return &c.training.optimizer.amsgrad; });
+  add("training.scheduler.name", Kind::kString, "",
+      "Learning-rate schedule over the run: cosine (anneal from lr to lr * final_lr_factor "
+      "at the last step, NequIP's CosineAnnealingLR) or constant.",
+      [](Config& c) -> void* { return &c.training.scheduler.name; })
+      .choices = {"cosine", "constant"};
+  {
+    Key& key = add("training.scheduler.final_lr_factor", Kind::kFloat, "",
+                   "Cosine schedule: learning rate at the last step divided by "
+                   "training.optimizer.lr, in [0, 1].",
+                   [](Config& c) -> void* { return &c.training.scheduler.final_lr_factor; });
+    key.min = 0.0;
+    key.max = 1.0;
+    key.max_inclusive = true;
+  }
+  min_incl(add("training.clip_grad_norm", Kind::kFloat, "",
+               "Clip the 2-norm of all parameter gradients to this value before each "
+               "optimizer step (MACE clip_grad); 0 = no clipping.",
+               [](Config& c) -> void* { return &c.training.clip_grad_norm; }),
+           0.0);
   min_incl(add("training.loss.energy_weight", Kind::kFloat, "",
                "Weight of the energy MSE term (0 = off). The term is in eV²/atom² with "
                "energy_per_atom, else eV².",
@@ -802,6 +821,7 @@ std::vector<std::pair<std::string, std::string>> config_sections() {
       {"model", "Model architecture and its hyperparameters."},
       {"training", "Training loop: duration, batching, seeds, precision, device."},
       {"training.optimizer", "Optimizer (PyTorch Adam / AdamW semantics)."},
+      {"training.scheduler", "Learning-rate schedule (per optimizer step)."},
       {"training.loss",
        "Loss = energy_weight · L_E + forces_weight · L_F + stress_weight · L_S (MSE terms)."},
       {"output", "Where the run is written."},

@@ -87,6 +87,12 @@ struct LossSettings {
   bool energy_per_atom = true;  ///< energy MSE on E/N (eV²/atom²) instead of E (eV²).
 };
 
+/// `training.scheduler` section: learning-rate schedule over the whole run.
+struct SchedulerSettings {
+  std::string name = "cosine";   ///< "cosine" (lr → lr·final_lr_factor) or "constant".
+  double final_lr_factor = 0.01; ///< cosine: final lr / initial lr, in [0, 1].
+};
+
 /// `training` section.
 struct TrainingConfig {
   std::optional<int64_t> num_epochs = 60;  ///< exactly one of num_epochs / num_steps.
@@ -95,7 +101,9 @@ struct TrainingConfig {
   int64_t valid_batch_size = 32;           ///< structures per validation batch, >= 1.
   int64_t seed = 42;                       ///< torch manual seed and shuffle seed, >= 0.
   OptimizerSettings optimizer;
+  SchedulerSettings scheduler;
   LossSettings loss;
+  double clip_grad_norm = 10.0;            ///< max gradient 2-norm; 0 = no clipping.
   int64_t validate_every_n_epochs = 1;     ///< 0 = only after training.
   std::string dtype = "float64";           ///< "float32" or "float64".
   std::string device = "cpu";              ///< "cpu", "cuda", "cuda:N".
