@@ -390,7 +390,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   out << fmt::format("  schedule   {} steps ({} batches/epoch, batch_size {}{})\n", target_steps,
                      loader.size(), tc.batch_size,
                      tc.num_epochs ? fmt::format(", {} epochs", *tc.num_epochs) : "");
-  out << fmt::format("  device     {}, {}, {} CPU threads\n", device.str(), tc.dtype,
+  out << fmt::format("  device     {}, {}, CPU threads: {}\n", device.str(), tc.dtype,
                      at::get_num_threads());
   out << fmt::format("  run_dir    {}\n", run_dir.string());
   out.flush();

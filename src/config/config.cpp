@@ -5,6 +5,7 @@
 
 #include "crucible/common/error.h"
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -121,9 +122,7 @@ std::vector<std::string> unit_names(UnitQuantity quantity) {
 
 std::string UnitSetting::to_string() const {
   if (!name.empty()) return name;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", factor);
-  return buf;
+  return fmt::format("{}", factor);
 }
 
 namespace {
@@ -489,31 +488,11 @@ std::optional<bool> parse_bool(const std::string& s) {
 }
 
 /// Shortest text that reads back as `v` (for messages).
-std::string display_number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  for (int prec = 1; prec <= 17; ++prec) {
-    char b[64];
-    std::snprintf(b, sizeof b, "%.*g", prec, v);
-    if (std::strtod(b, nullptr) == v) return b;
-  }
-  return buf;
-}
+std::string display_number(double v) { return fmt::format("{}", v); }
 
 /// Shortest round-trip text of a float, always with a '.' (YAML 1.1 floats).
 std::string format_number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  // Shortest representation that round-trips.
-  for (int prec = 1; prec <= 17; ++prec) {
-    char b[64];
-    std::snprintf(b, sizeof b, "%.*g", prec, v);
-    if (std::strtod(b, nullptr) == v) {
-      std::snprintf(buf, sizeof buf, "%s", b);
-      break;
-    }
-  }
-  std::string s = buf;
+  std::string s = display_number(v);
   // YAML 1.1 readers (PyYAML) need a '.' in a float: 1e-08 → 1.0e-08, 5 → 5.0.
   if (s.find_first_of(".") == std::string::npos && s.find("inf") == std::string::npos &&
       s.find("nan") == std::string::npos) {
@@ -965,7 +944,7 @@ std::string dump_config(const Config& config, bool comments) {
            "# override any of them on the command line as key.path=value, e.g.\n"
            "#   crucible train --config this.yaml training.num_epochs=10 model.cutoff=4.5\n"
            "# Units: energies eV, forces eV/Å, stresses eV/Å^3, lengths Å (after the\n"
-           "# data.*_unit conversions). See docs/config.md.\n";
+           "# data.*_unit conversions). See docs/config.md.\n\n";
   }
   std::string open_section;  // e.g. "training.optimizer"
   bool first = true;
@@ -1004,7 +983,8 @@ std::string dump_config(const Config& config, bool comments) {
     if (comments) {
       std::string doc = key.doc;
       if (!key.units.empty()) doc += " Unit: " + key.units + ".";
-      doc += " Type: " + type_name(key) + ".";
+      const std::string range = describe_range(key);
+      doc += " Type: " + type_name(key) + (range.empty() ? "" : ", " + range) + ".";
       for (const auto& line : wrap(doc, 76 - indent.size())) out << indent << "# " << line << "\n";
     }
     out << indent << leaf << ": " << value_text(key, config) << "\n";

@@ -250,6 +250,14 @@ TEST_F(CliTest, TrainWritesRunDirectoryAndEvaluateMatches) {
   EXPECT_NE(r.err.find("finished run"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::exists(run / "summary.json"));
 
+  // ... and is replaced with it.
+  auto again = tiny_args(run.string());
+  again.push_back("output.overwrite=true");
+  again.push_back("training.num_epochs=1");
+  r = run_crucible(dir_, again);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(read_text(run / "summary.json")).at("epochs_completed"), 1);
+
   // Evaluate errors: a directory without a model.
   r = run_crucible(dir_, {"evaluate", "--model", (dir_ / "nope").string(), "--data",
                           (dir_ / "tiny_valid.xyz").string()});
@@ -259,6 +267,25 @@ TEST_F(CliTest, TrainWritesRunDirectoryAndEvaluateMatches) {
                           (dir_ / "tiny_valid.xyz").string(), "training.num_epochs=3"});
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("only data.*"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, DefaultRunDirectoryIsTimestampedUnderRuns) {
+  const fs::path cwd = dir_ / "cwd";
+  fs::create_directories(cwd);
+  auto args = tiny_args("x");
+  args.pop_back();  // no output.run_dir
+  args.push_back("training.num_epochs=1");  // a later override of a key wins
+  Result r = run_crucible(cwd, args);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_TRUE(fs::is_directory(cwd / "runs"));
+  int finished = 0;
+  for (const auto& e : fs::directory_iterator(cwd / "runs")) {
+    EXPECT_TRUE(std::regex_match(e.path().filename().string(),
+                                 std::regex("[0-9]{8}-[0-9]{6}(-[0-9]+)?")))
+        << e.path();
+    finished += fs::exists(e.path() / "summary.json");
+  }
+  EXPECT_EQ(finished, 1);
 }
 
 struct Malformed {

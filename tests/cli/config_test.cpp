@@ -318,6 +318,9 @@ TEST(Config, EveryKeyIsDocumented) {
     EXPECT_NE(docs.find("`" + k.path + "`"), std::string::npos) << k.path << " not in docs";
     EXPECT_FALSE(k.doc.empty()) << k.path;
   }
+  // The reference table is the generated one (regenerate with `crucible config --markdown`).
+  EXPECT_NE(docs.find(config_keys_markdown()), std::string::npos)
+      << "docs/config.md reference table is stale";
 }
 
 TEST(Config, MissingFileIsConfigError) {

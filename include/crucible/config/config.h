@@ -26,7 +26,7 @@ struct UnitSetting {
   std::string name;     ///< named unit ("kcal/mol", "eV/Å"); empty if given as a number.
   double factor = 1.0;  ///< multiplier to eV / eV/Å / eV/Å³; finite and > 0.
 
-  /// The name, or the factor printed with 17 significant digits.
+  /// The name, or the factor (shortest text that reads back exactly).
   std::string to_string() const;
   bool operator==(const UnitSetting& o) const { return name == o.name && factor == o.factor; }
   bool operator!=(const UnitSetting& o) const { return !(*this == o); }
@@ -82,7 +82,7 @@ struct OptimizerSettings {
 /// `training.loss` section: weights of the loss terms.
 struct LossSettings {
   double energy_weight = 1.0;   ///< weight of the energy MSE, >= 0.
-  double forces_weight = 10.0;  ///< weight of the forces MSE, >= 0.
+  double forces_weight = 1.0;   ///< weight of the forces MSE, >= 0.
   double stress_weight = 1.0;   ///< weight of the stress MSE, >= 0.
   bool energy_per_atom = true;  ///< energy MSE on E/N (eV²/atom²) instead of E (eV²).
 };
@@ -107,7 +107,7 @@ struct TrainingConfig {
   int64_t validate_every_n_epochs = 1;     ///< 0 = only after training.
   std::string dtype = "float64";           ///< "float32" or "float64".
   std::string device = "cpu";              ///< "cpu", "cuda", "cuda:N".
-  int64_t num_threads = 2;                 ///< CPU threads; 0 = LibTorch default.
+  int64_t num_threads = 1;                 ///< CPU threads; 0 = LibTorch default.
 };
 
 /// `output` section.
