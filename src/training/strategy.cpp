@@ -97,31 +97,61 @@ TrainingStrategy::TrainingStrategy(std::shared_ptr<EnergyModel> model, StrategyO
     };
   }
   model_->module().to(options_.device, options_.dtype);
-  for (auto& h : hooks) register_hook(std::move(h));
+  install_hooks(std::move(hooks));
 }
 
 TrainingStrategy::~TrainingStrategy() = default;
 
 void TrainingStrategy::register_hook(std::shared_ptr<Hook> hook) {
   if (!hook) throw ConfigError("hooks must not contain null, got a null hook");
-  for (const auto& h : hooks_) {
-    if (h == hook) {
-      throw ConfigError("hooks must not contain duplicate hook instances, got '" + hook->name() +
-                        "' twice; pass distinct hook objects instead");
-    }
+  auto candidate = hooks_;
+  candidate.push_back(std::move(hook));
+  install_hooks(std::move(candidate));
+}
+
+void TrainingStrategy::install_hooks(std::vector<std::shared_ptr<Hook>> hooks) {
+  for (const auto& h : hooks) {
+    if (!h) throw ConfigError("hooks must not contain null, got a null hook");
   }
-  for (TrainingStage do_stage : {TrainingStage::DO_BACKWARD, TrainingStage::DO_OPTIMIZER_STEP}) {
-    if (!hook->runs_on_stage(do_stage)) continue;
-    for (const auto& h : hooks_) {
-      if (h->runs_on_stage(do_stage)) {
-        throw ConfigError(std::string("at most one hook may claim ") + stage_name(do_stage) +
-                          ", got 2: " + h->name() + ", " + hook->name());
+  // Duplicates over the flattened set (orchestrator children included).
+  const auto check_duplicates = [](const std::vector<std::shared_ptr<Hook>>& set) {
+    for (size_t i = 0; i < set.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (set[i] == set[j]) {
+          throw ConfigError("hooks must not contain duplicate hook instances, got '" +
+                            set[i]->name() + "' twice; pass distinct hook objects instead");
+        }
       }
     }
+  };
+  check_duplicates(flatten_registered_hooks(hooks));
+  // Seed 002: fold update hooks into one orchestrator, order it before
+  // hooks that observe its post-step state, then validate.
+  auto candidate =
+      order_update_orchestrator_before_dependent_hooks(fold_training_update_hooks(hooks));
+  const auto registered = flatten_registered_hooks(candidate);
+  for (TrainingStage do_stage : {TrainingStage::DO_BACKWARD, TrainingStage::DO_OPTIMIZER_STEP}) {
+    std::vector<std::shared_ptr<Hook>> claimants;
+    for (const auto& h : candidate) {
+      if (h->runs_on_stage(do_stage)) claimants.push_back(h);
+    }
+    if (claimants.size() <= 1) continue;
+    std::string names;
+    bool has_orchestrator = false;
+    for (const auto& h : claimants) {
+      names += (names.empty() ? "" : ", ") + h->name();
+      has_orchestrator = has_orchestrator ||
+                         std::dynamic_pointer_cast<TrainingUpdateOrchestrator>(h) != nullptr;
+    }
+    std::string msg = std::string("at most one hook may claim ") + stage_name(do_stage) +
+                      ", got " + std::to_string(claimants.size()) + ": " + names;
+    if (has_orchestrator) {
+      msg += "; if a plain DO-stage hook should compose with update policies, implement it as a "
+             "TrainingUpdateHook so it runs inside the TrainingUpdateOrchestrator";
+    }
+    throw ConfigError(msg);
   }
-  auto candidate = hooks_;
-  candidate.push_back(hook);
-  for (const auto& h : candidate) h->validate_registered_hooks(candidate);
+  for (const auto& h : registered) h->validate_registered_hooks(registered);
   hooks_ = std::move(candidate);
   has_do_backward_ = has_do_optimizer_step_ = false;
   for (const auto& h : hooks_) {
@@ -129,6 +159,13 @@ void TrainingStrategy::register_hook(std::shared_ptr<Hook> hook) {
     has_do_optimizer_step_ =
         has_do_optimizer_step_ || h->runs_on_stage(TrainingStage::DO_OPTIMIZER_STEP);
   }
+}
+
+std::shared_ptr<TrainingUpdateOrchestrator> TrainingStrategy::update_orchestrator() const {
+  for (const auto& h : hooks_) {
+    if (auto orch = std::dynamic_pointer_cast<TrainingUpdateOrchestrator>(h)) return orch;
+  }
+  return nullptr;
 }
 
 std::vector<torch::optim::Optimizer*> TrainingStrategy::optimizers() {

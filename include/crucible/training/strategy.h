@@ -7,6 +7,7 @@
 #include "crucible/training/hook.h"
 #include "crucible/training/metrics.h"
 #include "crucible/training/stages.h"
+#include "crucible/training/update_hook.h"
 
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
@@ -67,15 +68,36 @@ class TrainingStrategy {
  public:
   /// @throws ConfigError if not exactly one of num_epochs/num_steps is set,
   ///         a count is < 1, the loss is empty, an optimizer option is
-  ///         invalid, or the hooks are invalid (see register_hook).
+  ///         invalid, or the hooks are invalid (see register_hook; the list
+  ///         is folded and validated as a whole, like seed 002's constructor).
   TrainingStrategy(std::shared_ptr<EnergyModel> model, StrategyOptions options,
                    WeightedSumLoss loss, std::vector<std::shared_ptr<Hook>> hooks = {},
                    TrainingFn training_fn = {});
   ~TrainingStrategy();
 
-  /// Registers a hook. @throws ConfigError for a duplicate instance or a
-  /// second claimant of DO_BACKWARD / DO_OPTIMIZER_STEP.
+  /// Registers a hook: a plain Hook, a bare TrainingUpdateHook, or a
+  /// TrainingUpdateOrchestrator (seed 002 `register_hook`, seed 001).
+  ///
+  /// Update hooks and orchestrators are folded into ONE orchestrator
+  /// (fold_training_update_hooks): it sits where the first update hook was
+  /// registered; adding a bare update hook to a registered orchestrator
+  /// replaces it by a new orchestrator holding both (the old object is left
+  /// unchanged; see update_orchestrator()). The orchestrator is then moved in
+  /// front of any earlier hook with
+  /// `requires_update_orchestrator_before(AFTER_OPTIMIZER_STEP)`. Finally
+  /// every hook of the registered set, orchestrator children included
+  /// (flatten_registered_hooks), runs `validate_registered_hooks` on that set.
+  /// On any error the registered hooks are left unchanged.
+  /// @throws ConfigError for a null hook, a duplicate instance (children
+  ///         included), a second claimant of DO_BACKWARD / DO_OPTIMIZER_STEP
+  ///         (e.g. a DO-stage LambdaHook next to the orchestrator), a second
+  ///         explicit orchestrator, a repeated exclusive update key, or a
+  ///         failed dependency validation.
   void register_hook(std::shared_ptr<Hook> hook);
+  /// Same as register_hook, for readability at call sites.
+  void register_update_hook(std::shared_ptr<TrainingUpdateHook> hook) {
+    register_hook(std::move(hook));
+  }
 
   /// Trains over `loader` until the step target. Restartable: counters set
   /// before the call (e.g. from a checkpoint) continue the run mid-epoch.
@@ -99,7 +121,14 @@ class TrainingStrategy {
   EnergyModel& model() { return *model_; }
   std::shared_ptr<EnergyModel> model_ptr() const { return model_; }
   const StrategyOptions& options() const { return options_; }
+  /// Top-level hooks in dispatch order (update hooks appear as their orchestrator).
   const std::vector<std::shared_ptr<Hook>>& hooks() const { return hooks_; }
+  /// Every registered hook, orchestrator children right after it.
+  std::vector<std::shared_ptr<Hook>> registered_hooks() const {
+    return flatten_registered_hooks(hooks_);
+  }
+  /// The update orchestrator, or null when no update hook is registered.
+  std::shared_ptr<TrainingUpdateOrchestrator> update_orchestrator() const;
   std::vector<torch::optim::Optimizer*> optimizers();
   const std::optional<ValidationSummary>& last_validation() const { return last_validation_; }
 
@@ -112,6 +141,7 @@ class TrainingStrategy {
 
  private:
   void run_hooks(TrainingStage stage, TrainContext& ctx);
+  void install_hooks(std::vector<std::shared_ptr<Hook>> hooks);
   void ensure_optimizer();
   void train_batch_impl(const Batch& batch);
   void maybe_validate_after_step();
