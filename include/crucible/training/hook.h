@@ -26,6 +26,7 @@ struct Batch;
 struct LossOutput;
 struct ModelOutputs;
 struct ValidationSummary;
+class PrecisionPlugin;
 
 /// What a hook sees. Pointers are non-owning and valid during the call only;
 /// null when not available at that stage (e.g. no batch at SETUP).
@@ -51,6 +52,9 @@ struct TrainContext {
   /// Set by a DO_OPTIMIZER_STEP owner that vetoed the step (then
   /// step_count does not advance and AFTER_OPTIMIZER_STEP sees true).
   bool optimizer_step_skipped = false;
+  /// The run's precision plugin (null when the strategy has none): hooks that
+  /// touch gradients (clipping) call precision->unscale_gradients first.
+  PrecisionPlugin* precision = nullptr;
 };
 
 /// A hook. Subclasses say which stages they run on and how often.
