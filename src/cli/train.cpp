@@ -9,6 +9,10 @@
 #include "crucible/data/extxyz.h"
 #include "crucible/losses/loss.h"
 #include "crucible/models/schnet.h"
+#include "crucible/training/ema.h"
+#include "crucible/training/gradient_accumulation.h"
+#include "crucible/training/gradient_clipping.h"
+#include "crucible/training/spike_skipping.h"
 #include "crucible/training/strategy.h"
 
 #include <ATen/ATen.h>
@@ -190,7 +194,11 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   validate_config(config);
   const auto& tc = config.training;
   const at::Device device = parse_device(tc.device);
-  const at::ScalarType dtype = tc.dtype == "float64" ? at::kDouble : at::kFloat;
+  // training.precision (issue 3) overrides training.dtype; unset = follow it.
+  const at::ScalarType dtype =
+      tc.precision ? (*tc.precision == "64-true" ? at::kDouble : at::kFloat)
+                   : (tc.dtype == "float64" ? at::kDouble : at::kFloat);
+  const std::string dtype_name = dtype == at::kDouble ? "float64" : "float32";
   if (tc.num_threads > 0) at::set_num_threads(static_cast<int>(tc.num_threads));
 
   // ---- data: read and check everything before touching the run directory.
@@ -327,6 +335,9 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   sopt.optimizer.amsgrad = tc.optimizer.amsgrad;
   sopt.device = device;
   sopt.dtype = dtype;
+  if (tc.precision) sopt.precision = *tc.precision;  // mixed modes: MixedPrecisionHook
+  // num_epochs counts batches; with accumulation an optimizer step takes n of them.
+  sopt.epoch_step_modifier = 1.0 / static_cast<double>(tc.gradient_accumulation_steps);
   ValidationConfig vc;
   vc.data = valid_ds;
   vc.every_n_epochs = tc.validate_every_n_epochs;
@@ -347,8 +358,30 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   auto csv = std::make_shared<MetricsCsvHook>((run_dir / "metrics.csv").string(), terms);
   TrainingStrategy strategy(model.ptr(), sopt, std::move(loss), {progress, csv});
   const int64_t target_steps = strategy.target_step_count(loader.size());
+  // Canonical update hooks (seed 001), folded into one orchestrator.
+  if (tc.gradient_accumulation_steps > 1) {
+    strategy.register_hook(
+        std::make_shared<GradientAccumulationHook>(tc.gradient_accumulation_steps));
+  }
   if (tc.clip_grad_norm > 0) {
-    strategy.register_hook(std::make_shared<GradClipHook>(tc.clip_grad_norm));
+    GradientClippingOptions clip;
+    clip.max_norm = tc.clip_grad_norm;
+    strategy.register_hook(std::make_shared<GradientClippingHook>(clip));
+  }
+  std::shared_ptr<SpikeSkippingHook> spike_hook;
+  if (tc.spike_skipping.enabled) {
+    SpikeSkippingOptions so_spike;
+    so_spike.k = tc.spike_skipping.k;
+    so_spike.window = tc.spike_skipping.window;
+    so_spike.min_history = tc.spike_skipping.min_history;
+    spike_hook = std::make_shared<SpikeSkippingHook>(so_spike);
+    strategy.register_hook(spike_hook);
+  }
+  std::shared_ptr<EmaHook> ema_hook;
+  if (tc.ema.enabled) {
+    ema_hook = std::make_shared<EmaHook>(
+        EmaOptions{tc.ema.decay, tc.ema.update_every, tc.ema.start_step});
+    strategy.register_hook(ema_hook);
   }
   std::string schedule_text = "constant lr";
   if (tc.scheduler.name == "cosine") {
@@ -387,10 +420,26 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
                      tc.optimizer.lr, tc.optimizer.weight_decay, schedule_text,
                      tc.clip_grad_norm > 0 ? fmt::format("clip_grad_norm {}", tc.clip_grad_norm)
                                            : std::string("no gradient clipping"));
-  out << fmt::format("  schedule   {} steps ({} batches/epoch, batch_size {}{})\n", target_steps,
+  out << fmt::format("  schedule   {} steps ({} batches/epoch, batch_size {}{}{})\n", target_steps,
                      loader.size(), tc.batch_size,
+                     tc.gradient_accumulation_steps > 1
+                         ? fmt::format(", {} batches/step", tc.gradient_accumulation_steps)
+                         : "",
                      tc.num_epochs ? fmt::format(", {} epochs", *tc.num_epochs) : "");
-  out << fmt::format("  device     {}, {}, CPU threads: {}\n", device.str(), tc.dtype,
+  if (spike_hook || ema_hook) {
+    std::string extras;
+    if (spike_hook) {
+      extras += fmt::format("spike skipping k {} window {} min_history {}", tc.spike_skipping.k,
+                            tc.spike_skipping.window, tc.spike_skipping.min_history);
+    }
+    if (ema_hook) {
+      extras += fmt::format("{}EMA decay {} every {} from step {}", extras.empty() ? "" : "; ",
+                            tc.ema.decay, tc.ema.update_every, tc.ema.start_step);
+    }
+    out << fmt::format("  updates    {}\n", extras);
+  }
+  out << fmt::format("  device     {}, {}, CPU threads: {}\n", device.str(),
+                     tc.precision ? dtype_name + ", precision " + *tc.precision : tc.dtype,
                      at::get_num_threads());
   out << fmt::format("  run_dir    {}\n", run_dir.string());
   out.flush();
@@ -410,7 +459,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   ModelMetadata meta;
   meta.model_type = config.model.type;
   meta.options = so;
-  meta.dtype = tc.dtype;
+  meta.dtype = dtype_name;
   meta.atomic_numbers.assign(elements.begin(), elements.end());
   for (int64_t z : elements) meta.e0[z] = e0[z].item<double>();
   meta.scale = scale;
@@ -429,6 +478,12 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   summary["wall_time_s"] = wall;
   summary["epochs_completed"] = strategy.epoch_count;
   summary["steps"] = strategy.step_count;
+  if (tc.precision) summary["precision"] = *tc.precision;
+  if (strategy.precision_hook() && strategy.precision_hook()->scaler()) {
+    summary["grad_scale"] = strategy.precision_hook()->scale();  // final 16-mixed loss scale
+  }
+  summary["skipped_steps"] = spike_hook ? spike_hook->skipped_steps() : 0;
+  if (ema_hook) summary["ema_updates"] = ema_hook->num_updates();
   summary["train_structures"] = train.size();
   summary["valid_structures"] = valid.size();
   summary["final_train_loss"] = std::isfinite(final_loss) ? json(final_loss) : json();
@@ -456,8 +511,15 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
     out << fmt::format("  zero-forces baseline MAE {:.2f} meV/Å; model/baseline = {:.3f}\n",
                        v.zero_forces_mae, v.forces_mae / v.zero_forces_mae);
   }
-  out << fmt::format("wall time {:.1f} s; {} steps, {} epochs; run directory {}\n", wall,
-                     strategy.step_count, strategy.epoch_count, run_dir.string());
+  if (strategy.precision_hook() && strategy.precision_hook()->scaler()) {
+    out << fmt::format("  16-mixed gradient scaler: final scale {}\n",
+                       strategy.precision_hook()->scale());
+  }
+  out << fmt::format("wall time {:.1f} s; {} steps, {} epochs{}; run directory {}\n", wall,
+                     strategy.step_count, strategy.epoch_count,
+                     spike_hook ? fmt::format(", {} skipped steps", spike_hook->skipped_steps())
+                                : std::string(),
+                     run_dir.string());
   out.flush();
 
   TrainResult result;

@@ -1,10 +1,9 @@
-// Learning-rate schedule and gradient clipping hooks.
+// Learning-rate schedule hook.
 
 #include "crucible/cli/train_hooks.h"
 
 #include "crucible/models/energy_model.h"
 
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
@@ -35,15 +34,6 @@ void CosineLrHook::operator()(TrainContext& ctx, TrainingStage) {
     if (!opt) continue;
     for (auto& group : opt->param_groups()) group.options().set_lr(lr);
   }
-}
-
-GradClipHook::GradClipHook(double max_norm) : max_norm_(max_norm) {
-  if (!(max_norm > 0.0)) throw std::invalid_argument("GradClipHook: max_norm must be > 0");
-}
-
-void GradClipHook::operator()(TrainContext& ctx, TrainingStage) {
-  if (!ctx.model) return;
-  torch::nn::utils::clip_grad_norm_(ctx.model->module().parameters(), max_norm_);
 }
 
 }  // namespace crucible

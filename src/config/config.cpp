@@ -326,6 +326,48 @@ std::vector<Key> build_schema() {
                "optimizer step (MACE clip_grad); 0 = no clipping.",
                [](Config& c) -> void* { return &c.training.clip_grad_norm; }),
            0.0);
+  min_incl(add("training.gradient_accumulation_steps", Kind::kInt, "",
+               "Accumulate the gradients of this many batches before each optimizer step "
+               "(the loss of each batch is divided by it); 1 = no accumulation. "
+               "num_epochs counts batches, so an epoch has 1/n as many optimizer steps.",
+               [](Config& c) -> void* { return &c.training.gradient_accumulation_steps; }),
+           1.0);
+  add("training.spike_skipping.enabled", Kind::kBool, "",
+      "Skip the optimizer step of a batch whose loss or gradient norm is not finite, or "
+      "whose loss exceeds median + k * MAD of the last accepted losses.",
+      [](Config& c) -> void* { return &c.training.spike_skipping.enabled; });
+  min_excl(add("training.spike_skipping.k", Kind::kFloat, "",
+               "Spike threshold in median absolute deviations above the median.",
+               [](Config& c) -> void* { return &c.training.spike_skipping.k; }),
+           0.0);
+  min_incl(add("training.spike_skipping.window", Kind::kInt, "",
+               "Number of most recent accepted losses the median and MAD use.",
+               [](Config& c) -> void* { return &c.training.spike_skipping.window; }),
+           1.0);
+  min_incl(add("training.spike_skipping.min_history", Kind::kInt, "",
+               "Accepted losses needed before a loss can be judged a spike (<= window).",
+               [](Config& c) -> void* { return &c.training.spike_skipping.min_history; }),
+           1.0);
+  add("training.ema.enabled", Kind::kBool, "",
+      "Keep an exponential moving average of the model weights (updated after optimizer "
+      "steps that ran). Not yet used for validation or the saved model.",
+      [](Config& c) -> void* { return &c.training.ema.enabled; });
+  {
+    Key& key = add("training.ema.decay", Kind::kFloat, "",
+                   "Weight of the old average in each update, in [0, 1).",
+                   [](Config& c) -> void* { return &c.training.ema.decay; });
+    key.min = 0.0;
+    key.max = 1.0;
+  }
+  min_incl(add("training.ema.update_every", Kind::kInt, "",
+               "Update the average every n-th optimizer step.",
+               [](Config& c) -> void* { return &c.training.ema.update_every; }),
+           1.0);
+  min_incl(add("training.ema.start_step", Kind::kInt, "",
+               "First optimizer step (counted from 1) that updates the average; the first "
+               "update copies the weights.",
+               [](Config& c) -> void* { return &c.training.ema.start_step; }),
+           0.0);
   min_incl(add("training.loss.energy_weight", Kind::kFloat, "",
                "Weight of the energy MSE term (0 = off). The term is in eV²/atom² with "
                "energy_per_atom, else eV².",
@@ -351,6 +393,12 @@ std::vector<Key> build_schema() {
       "Floating-point precision of the model and batches: float32 or float64.",
       [](Config& c) -> void* { return &c.training.dtype; })
       .choices = {"float32", "float64"};
+  add("training.precision", Kind::kOptString, "",
+      "Precision mode: 64-true, 32-true, bf16-mixed (bfloat16 autocast) or 16-mixed (float16 "
+      "autocast where supported + gradient scaler); overrides training.dtype. Forces, stress, "
+      "energies and losses stay float32/float64. null = follow training.dtype.",
+      [](Config& c) -> void* { return &c.training.precision; })
+      .choices = {"64-true", "32-true", "bf16-mixed", "16-mixed"};
   add("training.device", Kind::kString, "",
       "Device to train on: cpu, cuda or cuda:N (needs a CUDA build of LibTorch).",
       [](Config& c) -> void* { return &c.training.device; });
@@ -899,6 +947,11 @@ void validate_config(const Config& config) {
       case Kind::kString:
         e = check_choice(key, as<std::string>(p));
         break;
+      case Kind::kOptString:
+        if (as<std::optional<std::string>>(p)) {
+          e = check_choice(key, *as<std::optional<std::string>>(p));
+        }
+        break;
       case Kind::kUnit: {
         const auto& u = as<UnitSetting>(p);
         if (!(u.factor > 0.0) || !std::isfinite(u.factor)) {
@@ -916,6 +969,12 @@ void validate_config(const Config& config) {
     throw ConfigError(std::string("exactly one of training.num_epochs or training.num_steps must "
                                   "be set, got ") +
                       (t.num_epochs ? "both" : "neither"));
+  }
+  if (t.spike_skipping.min_history > t.spike_skipping.window) {
+    throw ConfigError("training.spike_skipping.min_history must be <= "
+                      "training.spike_skipping.window (" +
+                      std::to_string(t.spike_skipping.window) + "), got " +
+                      std::to_string(t.spike_skipping.min_history));
   }
   if (t.loss.energy_weight <= 0 && t.loss.forces_weight <= 0 && t.loss.stress_weight <= 0) {
     throw ConfigError(

@@ -11,12 +11,14 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
 namespace crucible {
 
 at::Tensor edge_vectors(const Batch& batch) {
+  AutocastDisabledGuard no_autocast;  // geometry stays in the positions' dtype
   const at::Tensor& pos = batch.positions;
   const at::Tensor i = batch.edge_index.select(0, 0);
   const at::Tensor j = batch.edge_index.select(0, 1);
@@ -48,6 +50,8 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
     throw std::invalid_argument("compute_outputs: stress requested but the batch has no cell tensor");
   }
 
+  // Force-safe precision: everything but model.energy runs with autocast off.
+  std::optional<AutocastDisabledGuard> no_autocast(std::in_place);
   // Shallow copy: every tensor is shared except the ones replaced below.
   Batch b = batch;
   const at::Tensor positions = batch.positions.detach().requires_grad_(true);  // fresh leaf [N,3]
@@ -67,7 +71,13 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
     b.positions = positions;
   }
 
+  no_autocast.reset();  // the model's inner layers follow the enclosing region
   at::Tensor energy = model.energy(b);  // [B]
+  no_autocast.emplace();
+  if (energy.scalar_type() != positions.scalar_type() && at::isFloatingType(energy.scalar_type()) &&
+      c10::elementSize(energy.scalar_type()) < c10::elementSize(positions.scalar_type())) {
+    energy = energy.to(positions.scalar_type());
+  }
 
   std::vector<at::Tensor> grads(inputs.size());
   if (energy.requires_grad()) {

@@ -72,15 +72,27 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   const double rc = options_.cutoff;
   const double delta = rc / static_cast<double>(options_.num_gaussians - 1);
   const double gamma = 0.5 / (delta * delta);
+  // Geometry dtype: the positions' (float32 / float64). Layer dtype: the
+  // parameters' (lower only under the *-true half modes).
+  const at::ScalarType geom = batch.positions.scalar_type();
+  const at::ScalarType layer = out2_->weight.scalar_type();
 
   const at::Tensor i = batch.edge_index.select(0, 0);
   const at::Tensor j = batch.edge_index.select(0, 1);
-  const at::Tensor vec = edge_vectors(batch);                  // [E,3]
-  const at::Tensor d = vec.pow(2).sum(-1).sqrt();              // [E]
-  // Gaussian expansion g_k(d) = exp(-γ (d - μ_k)²): [E,G].
-  const at::Tensor rbf = at::exp(-gamma * (d.unsqueeze(-1) - offsets_).pow(2));
-  // Cosine cutoff f_c(d) = ½(cos(πd/r_c) + 1) for d < r_c, else 0 (Behler 2011): [E].
-  const at::Tensor fc = 0.5 * (at::cos(d * (kPi / rc)) + 1.0) * (d < rc).to(d.scalar_type());
+  at::Tensor rbf, fc;
+  {
+    // Force-safe geometry (issue 3, deliverable 4): autocast off, so edge
+    // vectors, distances, the Gaussian basis and the cutoff keep `geom`.
+    AutocastDisabledGuard no_autocast;
+    const at::Tensor vec = edge_vectors(batch);                  // [E,3]
+    const at::Tensor d = vec.pow(2).sum(-1).sqrt();              // [E]
+    // Gaussian expansion g_k(d) = exp(-γ (d - μ_k)²): [E,G].
+    rbf = at::exp(-gamma * (d.unsqueeze(-1) - offsets_.to(geom)).pow(2));
+    // Cosine cutoff f_c(d) = ½(cos(πd/r_c) + 1) for d < r_c, else 0 (Behler 2011): [E].
+    fc = 0.5 * (at::cos(d * (kPi / rc)) + 1.0) * (d < rc).to(geom);
+  }
+  // Inner layers run in the layer dtype, or autocast's inside a mixed region.
+  const at::Tensor rbf_in = rbf.to(layer);
 
   at::Tensor x = embedding_->forward(batch.atomic_numbers);   // [N,F]
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
@@ -90,21 +102,29 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     auto f2out = f2out_->ptr<torch::nn::LinearImpl>(t);
     auto dense = dense_->ptr<torch::nn::LinearImpl>(t);
     // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
-    const at::Tensor W = filter2->forward(shifted_softplus(filter1->forward(rbf))) * fc.unsqueeze(-1);
+    const at::Tensor W =
+        filter2->forward(shifted_softplus(filter1->forward(rbf_in))) * fc.unsqueeze(-1).to(layer);
     const at::Tensor h = in2f->forward(x);                    // [N,K]
     const at::Tensor msg = h.index_select(0, j) * W;          // [E,K]
     at::Tensor v = at::zeros({N, msg.size(1)}, msg.options()).index_add(0, i, msg);  // Σ_j, [N,K]
     v = dense->forward(shifted_softplus(f2out->forward(v)));  // [N,F]
-    x = x + v;
+    x = x + v.to(x.scalar_type());
   }
-  const at::Tensor y = out2_->forward(shifted_softplus(out1_->forward(x))).squeeze(-1);  // [N]
-  return scale_ * y + shift_;
+  at::Tensor y = out2_->forward(shifted_softplus(out1_->forward(x))).squeeze(-1);  // [N]
+  // Back to the geometry dtype before the scale/shift and the energy sum.
+  AutocastDisabledGuard no_autocast;
+  y = y.to(geom);
+  return scale_.to(geom) * y + shift_.to(geom);
 }
 
 at::Tensor SchNetImpl::energy(const Batch& batch) {
-  const at::Tensor atomic = atomic_energies(batch) + e0_.index_select(0, batch.atomic_numbers);  // [N]
+  const at::Tensor atomic = atomic_energies(batch);  // [N], positions' dtype
+  // The per-atom → per-structure sum runs with autocast off in the positions' dtype.
+  AutocastDisabledGuard no_autocast;
+  const at::Tensor total =
+      atomic + e0_.to(atomic.scalar_type()).index_select(0, batch.atomic_numbers);  // [N]
   const int64_t B = batch.num_atoms.size(0);
-  return at::zeros({B}, atomic.options()).index_add(0, batch.batch, atomic);
+  return at::zeros({B}, total.options()).index_add(0, batch.batch, total);
 }
 
 void SchNetImpl::set_energy_normalization(const at::Tensor& e0, double scale, double shift) {

@@ -133,8 +133,9 @@ at::ScalarType PrecisionPlugin::param_dtype() const {
 }
 
 at::ScalarType PrecisionPlugin::input_dtype() const {
-  // Geometry (positions, cell, shifts) is never below float32 in mixed modes.
-  return param_dtype();
+  // Geometry (positions, cell, shifts) is never below float32, also in the
+  // *-true half modes: forces and stress are derivatives w.r.t. it.
+  return mode_ == PrecisionMode::k64True ? at::kDouble : at::kFloat;
 }
 
 std::optional<at::ScalarType> PrecisionPlugin::autocast_dtype() const {

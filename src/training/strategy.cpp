@@ -96,7 +96,13 @@ TrainingStrategy::TrainingStrategy(std::shared_ptr<EnergyModel> model, StrategyO
       return compute_outputs(m, b, co);
     };
   }
-  model_->module().to(options_.device, options_.dtype);
+  if (!options_.precision.empty()) {
+    precision_ = make_precision_plugin(options_.precision);  // ConfigError on a bad mode
+    model_->module().to(options_.device);
+    precision_->convert_module(model_->module());
+  } else {
+    model_->module().to(options_.device, options_.dtype);
+  }
   install_hooks(std::move(hooks));
 }
 
@@ -153,6 +159,10 @@ void TrainingStrategy::install_hooks(std::vector<std::shared_ptr<Hook>> hooks) {
   }
   for (const auto& h : registered) h->validate_registered_hooks(registered);
   hooks_ = std::move(candidate);
+  precision_hook_.reset();
+  for (const auto& h : registered) {
+    if (auto mp = std::dynamic_pointer_cast<MixedPrecisionHook>(h)) precision_hook_ = mp;
+  }
   has_do_backward_ = has_do_optimizer_step_ = false;
   for (const auto& h : hooks_) {
     has_do_backward_ = has_do_backward_ || h->runs_on_stage(TrainingStage::DO_BACKWARD);
@@ -192,12 +202,37 @@ void TrainingStrategy::ensure_optimizer() {
   }
 }
 
+PrecisionPlugin* TrainingStrategy::precision_plugin() const {
+  if (precision_hook_) return &precision_hook_->plugin();
+  return precision_.get();
+}
+
+at::ScalarType TrainingStrategy::batch_dtype() const {
+  if (precision_) return precision_->input_dtype();
+  return options_.dtype;
+}
+
+void TrainingStrategy::ensure_precision_hook() {
+  if (!precision_) return;
+  if (precision_hook_) {
+    if (precision_hook_->mode() != precision_->mode()) {
+      throw ConfigError("training.precision is '" + precision_->name() +
+                        "' but the registered MixedPrecisionHook uses '" +
+                        precision_hook_->plugin().name() + "'; they must match");
+    }
+    return;
+  }
+  if (!precision_->autocast_dtype()) return;  // only the mixed modes need the hook
+  register_hook(std::make_shared<MixedPrecisionHook>(options_.precision));
+}
+
 TrainContext TrainingStrategy::make_context(const Batch* batch) {
   TrainContext ctx;
   ctx.strategy = this;
   ctx.batch = batch;
   ctx.model = model_.get();
   ctx.optimizers = optimizers();
+  ctx.precision = precision_plugin();
   return ctx;
 }
 
@@ -244,11 +279,12 @@ void TrainingStrategy::exit_hooks(bool failed) {
 }
 
 void TrainingStrategy::train_batch(const Batch& batch) {
+  ensure_precision_hook();
   enter_hooks();
   try {
     ensure_optimizer();
     model_->module().train(true);
-    train_batch_impl(batch.to(options_.device, options_.dtype));
+    train_batch_impl(batch.to(options_.device, batch_dtype()));
   } catch (...) {
     exit_hooks(true);
     throw;
@@ -334,15 +370,21 @@ ValidationSummary TrainingStrategy::validate() {
   const auto& v = *options_.validation;
   EvaluateOptions eo;
   eo.batch_size = v.batch_size;
-  eo.dtype = options_.dtype;
+  eo.dtype = batch_dtype();
   eo.stress = true;
-  last_validation_ = evaluate_model(*model_, *v.data, options_.device, eo);
+  {
+    // Seed 000: validation runs under the hook's inference autocast.
+    std::unique_ptr<AutocastGuard> autocast;
+    if (precision_hook_) autocast = precision_hook_->inference_context(options_.device);
+    last_validation_ = evaluate_model(*model_, *v.data, options_.device, eo);
+  }
   TrainContext ctx = make_context(nullptr);
   run_hooks(TrainingStage::AFTER_VALIDATION, ctx);
   return *last_validation_;
 }
 
 void TrainingStrategy::run(DataLoader& loader) {
+  ensure_precision_hook();
   enter_hooks();
   try {
     TrainContext setup_ctx = make_context(nullptr);
@@ -374,7 +416,7 @@ void TrainingStrategy::run(DataLoader& loader) {
         bool epoch_done = false;
         for (int64_t k = start; k < batches_per_epoch; ++k) {
           if (step_count >= target) break;
-          Batch batch = loader.batch(k).to(options_.device, options_.dtype);
+          Batch batch = loader.batch(k).to(options_.device, batch_dtype());
           TrainContext ctx = make_context(&batch);
           if (!started) {
             run_hooks(TrainingStage::BEFORE_TRAINING, ctx);

@@ -269,6 +269,29 @@ TEST_F(CliTest, TrainWritesRunDirectoryAndEvaluateMatches) {
   EXPECT_NE(r.err.find("only data.*"), std::string::npos) << r.err;
 }
 
+TEST_F(CliTest, TrainWithCanonicalUpdateHooks) {
+  // 10 structures, batch 4: 3 batches per epoch; 2 epochs with 2 batches per
+  // optimizer step = ceil(2 * 3 / 2) = 3 steps.
+  const fs::path run = dir_ / "run_update_hooks";
+  auto args = tiny_args(run.string());
+  for (const char* a : {"training.gradient_accumulation_steps=2",
+                        "training.spike_skipping.enabled=true", "training.ema.enabled=true"})
+    args.push_back(a);
+  Result r = run_crucible(dir_, args);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("3 steps (3 batches/epoch, batch_size 4, 2 batches/step, 2 epochs)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("spike skipping k 10 window 50 min_history 10; EMA decay 0.999"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("3 steps, 2 epochs, 0 skipped steps"), std::string::npos) << r.out;
+  const std::string summary = read_text(run / "summary.json");
+  EXPECT_NE(summary.find("\"steps\": 3"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"skipped_steps\": 0"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"ema_updates\": 3"), std::string::npos) << summary;
+}
+
 TEST_F(CliTest, DefaultRunDirectoryIsTimestampedUnderRuns) {
   const fs::path cwd = dir_ / "cwd";
   fs::create_directories(cwd);

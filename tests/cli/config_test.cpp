@@ -145,6 +145,42 @@ TEST(Config, OutOfRangeRejected) {
   EXPECT_NE(msg.find("model.cutoff must be a number > 0, got 0"), std::string::npos) << msg;
 }
 
+TEST(Config, UpdateHookKeys) {
+  const Config d = default_config();
+  EXPECT_EQ(d.training.gradient_accumulation_steps, 1);
+  EXPECT_FALSE(d.training.spike_skipping.enabled);
+  EXPECT_FALSE(d.training.ema.enabled);
+  Config c = default_config();
+  apply_overrides(c, {"training.gradient_accumulation_steps=4",
+                      "training.spike_skipping.enabled=true", "training.spike_skipping.k=5",
+                      "training.spike_skipping.window=20", "training.spike_skipping.min_history=5",
+                      "training.ema.enabled=true", "training.ema.decay=0.99",
+                      "training.ema.update_every=2", "training.ema.start_step=10"});
+  EXPECT_NO_THROW(validate_config(c));
+  EXPECT_EQ(c.training.gradient_accumulation_steps, 4);
+  EXPECT_TRUE(c.training.spike_skipping.enabled);
+  EXPECT_EQ(c.training.spike_skipping.k, 5.0);
+  EXPECT_EQ(c.training.spike_skipping.window, 20);
+  EXPECT_EQ(c.training.spike_skipping.min_history, 5);
+  EXPECT_TRUE(c.training.ema.enabled);
+  EXPECT_EQ(c.training.ema.decay, 0.99);
+  EXPECT_EQ(c.training.ema.update_every, 2);
+  EXPECT_EQ(c.training.ema.start_step, 10);
+  std::string msg =
+      config_error([] { from_yaml("training:\n  gradient_accumulation_steps: 0\n"); });
+  EXPECT_NE(msg.find("training.gradient_accumulation_steps must be an integer >= 1, got 0"),
+            std::string::npos)
+      << msg;
+  msg = config_error([] { from_yaml("training:\n  ema:\n    decay: 1\n"); });
+  EXPECT_NE(msg.find("training.ema.decay must be a number in [0, 1), got 1"), std::string::npos)
+      << msg;
+  Config bad = from_yaml("training:\n  spike_skipping:\n    window: 5\n    min_history: 6\n");
+  msg = config_error([&] { validate_config(bad); });
+  EXPECT_EQ(msg,
+            "training.spike_skipping.min_history must be <= training.spike_skipping.window (5), "
+            "got 6");
+}
+
 TEST(Config, InvalidYamlReportsFileAndLine) {
   const std::string msg = config_error([] { from_yaml("training:\n  batch_size: [1, 2\n"); });
   EXPECT_NE(msg.find("cfg.yaml:"), std::string::npos) << msg;

@@ -7,6 +7,7 @@
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
+#include "crucible/training/gradient_clipping.h"
 #include "crucible/training/strategy.h"
 
 #include <gtest/gtest.h>
@@ -56,7 +57,8 @@ TEST(CosineLrHook, AnnealsFromLrToFinalFactor) {
   EXPECT_THROW(CosineLrHook(0.0, 10, 0.1), std::invalid_argument);
   EXPECT_THROW(CosineLrHook(1e-3, 0, 0.1), std::invalid_argument);
   EXPECT_THROW(CosineLrHook(1e-3, 10, 1.5), std::invalid_argument);
-  EXPECT_THROW(GradClipHook(0.0), std::invalid_argument);
+  EXPECT_THROW(GradientClippingHook(GradientClippingOptions{0.0, 2.0, std::nullopt}),
+               ConfigError);
 }
 
 /// Records what EpochReportHook emits.
@@ -101,7 +103,9 @@ TEST(Hooks, ScheduleClipAndReportsInARealRun) {
   const int64_t total = strategy.target_step_count(loader.size());
   ASSERT_EQ(total, 9);
   auto cosine = std::make_shared<CosineLrHook>(1e-2, total, 0.1);
-  strategy.register_hook(std::make_shared<GradClipHook>(1e-3));
+  GradientClippingOptions clip;  // the canonical hook `crucible train` uses
+  clip.max_norm = 1e-3;
+  strategy.register_hook(std::make_shared<GradientClippingHook>(clip));
   strategy.register_hook(cosine);
   std::vector<double> seen_lr;
   strategy.register_hook(std::make_shared<LambdaHook>(

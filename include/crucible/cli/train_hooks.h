@@ -1,6 +1,7 @@
 #pragma once
-// Training hooks of `crucible train` besides reporting: learning-rate
-// schedule and gradient clipping.
+// Training hooks of `crucible train` besides reporting: the learning-rate
+// schedule. (Gradient clipping is the canonical GradientClippingHook,
+// crucible/training/gradient_clipping.h.)
 
 #include "crucible/training/hook.h"
 
@@ -32,22 +33,6 @@ class CosineLrHook : public Hook {
   double lr0_;
   int64_t total_steps_;
   double final_factor_;
-};
-
-/// Clips the global 2-norm of the model's parameter gradients to `max_norm`
-/// (torch.nn.utils.clip_grad_norm_) on BEFORE_OPTIMIZER_STEP.
-class GradClipHook : public Hook {
- public:
-  /// @throws std::invalid_argument if max_norm <= 0.
-  explicit GradClipHook(double max_norm);
-  std::string name() const override { return "GradClipHook"; }
-  bool runs_on_stage(TrainingStage stage) const override {
-    return stage == TrainingStage::BEFORE_OPTIMIZER_STEP;
-  }
-  void operator()(TrainContext& ctx, TrainingStage stage) override;
-
- private:
-  double max_norm_;
 };
 
 }  // namespace crucible

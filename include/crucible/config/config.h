@@ -79,6 +79,23 @@ struct OptimizerSettings {
   bool amsgrad = false;
 };
 
+/// `training.spike_skipping` section: SpikeSkippingHook (skip the optimizer
+/// step of a batch with a non-finite loss/gradient or a loss spike).
+struct SpikeSkippingSettings {
+  bool enabled = false;       ///< register the hook.
+  double k = 10.0;            ///< spike threshold in MADs above the median, > 0.
+  int64_t window = 50;        ///< accepted losses the statistic uses, >= 1.
+  int64_t min_history = 10;   ///< accepted losses before spikes are judged, in [1, window].
+};
+
+/// `training.ema` section: EmaHook (exponential moving average of the weights).
+struct EmaSettings {
+  bool enabled = false;       ///< register the hook.
+  double decay = 0.999;       ///< weight of the old average, in [0, 1).
+  int64_t update_every = 1;   ///< update every n-th optimizer step, >= 1.
+  int64_t start_step = 0;     ///< first optimizer step (1-based) that updates, >= 0.
+};
+
 /// `training.loss` section: weights of the loss terms.
 struct LossSettings {
   double energy_weight = 1.0;   ///< weight of the energy MSE, >= 0.
@@ -104,8 +121,15 @@ struct TrainingConfig {
   SchedulerSettings scheduler;
   LossSettings loss;
   double clip_grad_norm = 10.0;            ///< max gradient 2-norm; 0 = no clipping.
+  int64_t gradient_accumulation_steps = 1; ///< batches per optimizer step, >= 1.
+  SpikeSkippingSettings spike_skipping;
+  EmaSettings ema;
   int64_t validate_every_n_epochs = 1;     ///< 0 = only after training.
   std::string dtype = "float64";           ///< "float32" or "float64".
+  /// Precision mode (issue 3): "64-true", "32-true", "bf16-mixed" or
+  /// "16-mixed"; unset (null) = follow `dtype` (float64 → 64-true, float32 →
+  /// 32-true). When set it overrides `dtype` for the model and batches.
+  std::optional<std::string> precision;
   std::string device = "cpu";              ///< "cpu", "cuda", "cuda:N".
   int64_t num_threads = 1;                 ///< CPU threads; 0 = LibTorch default.
 };

@@ -4,6 +4,7 @@
 #include "crucible/data/batch.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/nn/module.h>
 
 #include <string>
@@ -27,8 +28,29 @@ class EnergyModel {
   virtual std::string name() const = 0;
 };
 
+/// RAII scope in which autocast is off on every device (CPU, CUDA, XPU),
+/// whatever region encloses it; the previous state returns on exit. Used for
+/// the force-safe parts of a model (issue 3, deliverable 4): geometry (edge
+/// vectors, distances, radial basis, cutoff), the strain, the per-atom →
+/// per-structure energy sum and the autograd derivatives then run in the
+/// dtype of the positions (float32 or float64), while only the inner layers
+/// follow a mixed-precision region (seed 000's autocast from BEFORE_BATCH to
+/// DO_BACKWARD). Excludes the autocast dispatch keys, which is what
+/// disabling autocast does in LibTorch 1.13 and 2.x. Never throws.
+class AutocastDisabledGuard {
+ public:
+  AutocastDisabledGuard() : guard_(c10::autocast_dispatch_keyset) {}
+  AutocastDisabledGuard(const AutocastDisabledGuard&) = delete;
+  AutocastDisabledGuard& operator=(const AutocastDisabledGuard&) = delete;
+
+ private:
+  c10::impl::ExcludeDispatchKeyGuard guard_;
+};
+
 /// Edge vectors r_ij = positions[j] - positions[i] + shifts · cell[batch[i]]:
 /// [E,3], Å, dtype of positions, differentiable w.r.t. positions and cell.
+/// Computed with autocast off (AutocastDisabledGuard), so a mixed-precision
+/// region never lowers the geometry below the positions' dtype.
 at::Tensor edge_vectors(const Batch& batch);
 
 /// What `compute_outputs` computes.
@@ -52,6 +74,12 @@ struct ModelOutputs {
 /// 190, 33 (2015); as in ASE/MACE/NequIP). Works on any device; positions get
 /// a fresh leaf each call. With `training`, outputs keep the graph so losses
 /// on forces/stress can be back-propagated to parameters.
+/// Precision (issue 3, deliverable 4): only `model.energy` runs under an
+/// enclosing autocast region; the strain, the derivatives (backward) and the
+/// stress run with autocast off, so positions, strain, forces and stress have
+/// the positions' dtype (float32 or float64) in every precision mode. The
+/// energy is returned in the positions' dtype too (cast up if the model
+/// returned a lower one).
 /// @throws std::invalid_argument if stress is requested for a batch without
 ///         a cell tensor.
 ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const ComputeOptions& options);

@@ -36,6 +36,12 @@ struct SchNetOptions {
 ///   E = Σ_i (scale · y_i + shift + E0[Z_i])   (eV),
 /// where E0 (per-element reference energies), scale and shift are buffers set
 /// from training data (see `fit_reference_energies`).
+///
+/// Precision (issue 3, deliverable 4): edge vectors, distances, the Gaussian
+/// basis, the cosine cutoff, scale/shift/E0 and the per-structure energy sum
+/// run with autocast off in the dtype of `batch.positions`; only the Linear /
+/// embedding layers run in the parameters' dtype or, inside a mixed-precision
+/// autocast region, in autocast's dtype. The energy has the positions' dtype.
 class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
  public:
   /// Parameters are created in float32 (call `to(at::kDouble)` for float64).

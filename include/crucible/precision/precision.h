@@ -67,9 +67,11 @@ bool autocast_supported(at::DeviceType device_type, at::ScalarType dtype);
 /// output conversion, forward context, backward, optimizer step, state.
 ///
 /// Float dtypes: `param_dtype()` is what convert_module casts parameters to;
-/// `input_dtype()` is the float dtype of batches (positions, cell, shifts:
-/// never below float32 except in the *-true half modes); outputs are
-/// converted to at least float32 so losses reduce in float32 or float64.
+/// `input_dtype()` is the float dtype of batches (positions, cell, shifts):
+/// float64 under 64-true, float32 in every other mode, the *-true half modes
+/// included (force-safe precision, issue 3 deliverable 4: models cast to
+/// their layer dtype inside, see SchNet); outputs are converted to at least
+/// float32 so losses reduce in float32 or float64.
 class PrecisionPlugin {
  public:
   /// @throws ConfigError for invalid scaler options (16-mixed).
@@ -129,6 +131,7 @@ class PrecisionPlugin {
   void teardown();
   /// The gradient scaler (16-mixed only; built lazily), or null.
   GradScaler* scaler() { return scaler_.get(); }
+  const GradScaler* scaler() const { return scaler_.get(); }
 
  private:
   PrecisionMode mode_;

@@ -5,7 +5,9 @@
 #include "crucible/losses/loss.h"
 #include "crucible/models/energy_model.h"
 #include "crucible/training/hook.h"
+#include "crucible/precision/precision.h"
 #include "crucible/training/metrics.h"
+#include "crucible/training/mixed_precision_hook.h"
 #include "crucible/training/stages.h"
 #include "crucible/training/update_hook.h"
 
@@ -48,6 +50,16 @@ struct StrategyOptions {
   at::Device device = at::Device(at::kCPU);  ///< where model and batches live.
   at::ScalarType dtype = at::kFloat;         ///< model / batch float dtype. Default float32.
   std::optional<ValidationConfig> validation;
+  /// Precision mode or alias (parse_precision: "64-true", "32-true",
+  /// "bf16-mixed", "16-mixed", "bf16-true", "16-true", "fp16", ...).
+  /// Default "": use `dtype` for model and batches, no precision plugin.
+  /// When set it overrides `dtype`: the model is converted with the plugin's
+  /// convert_module (parameters in param_dtype()) and batches with
+  /// convert_input (geometry float64 under 64-true, float32 otherwise); for
+  /// the mixed modes a MixedPrecisionHook of this mode is registered at the
+  /// first run()/train_batch() unless one is registered already (a
+  /// registered one of another mode is a ConfigError then). Issue 3.
+  std::string precision;
 };
 
 /// Forward pass used for training: model and batch in, predictions out.
@@ -109,6 +121,9 @@ class TrainingStrategy {
   void train_batch(const Batch& batch);
 
   /// Runs validation now, fires AFTER_VALIDATION, returns the summary.
+  /// With a MixedPrecisionHook registered, the model is evaluated inside its
+  /// inference_context() (seed 000: bf16 autocast for bf16-mixed); batches
+  /// use batch_dtype().
   /// @throws std::logic_error if no validation is configured.
   ValidationSummary validate();
 
@@ -130,6 +145,14 @@ class TrainingStrategy {
   /// The update orchestrator, or null when no update hook is registered.
   std::shared_ptr<TrainingUpdateOrchestrator> update_orchestrator() const;
   std::vector<torch::optim::Optimizer*> optimizers();
+  /// The registered MixedPrecisionHook (orchestrator children searched), or null.
+  std::shared_ptr<MixedPrecisionHook> precision_hook() const { return precision_hook_; }
+  /// The run's precision plugin: the registered MixedPrecisionHook's, else the
+  /// strategy's own (when options.precision is set), else null. This is what
+  /// TrainContext::precision points to.
+  PrecisionPlugin* precision_plugin() const;
+  /// Float dtype batches are converted to (plugin input_dtype() or options.dtype).
+  at::ScalarType batch_dtype() const;
   const std::optional<ValidationSummary>& last_validation() const { return last_validation_; }
 
   int64_t step_count = 0;
@@ -148,12 +171,15 @@ class TrainingStrategy {
   void enter_hooks();
   void exit_hooks(bool failed);
   TrainContext make_context(const Batch* batch);
+  void ensure_precision_hook();
 
   std::shared_ptr<EnergyModel> model_;
   StrategyOptions options_;
   WeightedSumLoss loss_;
   std::vector<std::shared_ptr<Hook>> hooks_;
   TrainingFn training_fn_;
+  std::unique_ptr<PrecisionPlugin> precision_;  ///< from options.precision, or null.
+  std::shared_ptr<MixedPrecisionHook> precision_hook_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<ValidationSummary> last_validation_;
   bool has_do_backward_ = false;

@@ -1,0 +1,106 @@
+#pragma once
+// EmaHook: exponential moving average of the model's weights (seed 002's EMA
+// inference model, driven as a seed 001 update hook).
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "crucible/training/update_hook.h"
+
+namespace crucible {
+
+/// Options of EmaHook.
+struct EmaOptions {
+  /// Weight of the old average: in [0, 1). Default 0.999.
+  double decay = 0.999;
+  /// Update every n-th optimizer step: >= 1. Default 1.
+  int64_t update_every = 1;
+  /// First optimizer step (1-based) that may update: >= 0. Default 0.
+  int64_t start_step = 0;
+};
+
+/// Keeps an exponential moving average ("shadow") of the main model's
+/// parameters, and a copy of its buffers.
+///
+/// At AFTER_OPTIMIZER_STEP, only when the step ran (will_skip false), with
+/// s = ctx.step_count + 1 the number of optimizer steps taken including this
+/// one: if s >= start_step and s % update_every == 0, the shadow is updated
+/// from `ctx.model->module()`:
+///  - the first update copies the parameters (torch.optim.swa_utils.
+///    AveragedModel semantics: the average starts at the current weights);
+///  - later updates: shadow = decay · shadow + (1 - decay) · param;
+///  - buffers are copied, never averaged.
+/// Shadow tensors are detached clones with the parameters' dtype/device.
+/// Other stages: nothing. Never vetoes.
+///
+/// The shadow is kept as named tensors (not a module clone, which LibTorch
+/// cannot do generically); copy_to / swap_into put it into a module for
+/// validation or export, state_dict / load_state_dict checkpoint it.
+///
+/// Ordering: the hook runs inside the update orchestrator, after the
+/// optimizer step, so requires_update_orchestrator_before() is not needed
+/// (it is for plain hooks that observe post-step weights).
+/// Not yet done: publishing the average as the strategy's inference model
+/// for validation (seed 002) needs a strategy change.
+///
+/// Priority update_priority::kDefault (50); no exclusive key (several
+/// averages with different decays may coexist).
+class EmaHook : public TrainingUpdateHook {
+ public:
+  /// @throws ConfigError "`decay` must be in [0, 1), got <v>",
+  ///   "`update_every` must be >= 1, got <n>", "`start_step` must be >= 0, got <n>".
+  explicit EmaHook(EmaOptions options = {});
+
+  std::string name() const override { return "EmaHook"; }
+  using TrainingUpdateHook::operator();
+  UpdateDecision operator()(TrainContext& ctx, TrainingStage stage, bool will_skip) override;
+
+  /// Updates the shadow from `module` now (the body of one scheduled update).
+  void update(torch::nn::Module& module);
+
+  const EmaOptions& options() const { return options_; }
+  /// True once the shadow exists (first update or load_state_dict).
+  bool initialized() const {
+    return !params_.empty() || !buffers_.empty() || !loaded_.empty();
+  }
+  /// Updates done so far (0 after load_state_dict of a fresh state).
+  int64_t num_updates() const { return num_updates_; }
+  /// The averaged parameters, by name (as module.named_parameters()).
+  const std::vector<std::pair<std::string, at::Tensor>>& shadow_parameters() const {
+    return params_;
+  }
+
+  /// Copies the shadow parameters and buffers into `module` (no autograd).
+  /// @throws std::logic_error if not initialized(); std::invalid_argument if
+  ///   a module parameter/buffer has no shadow, or shapes differ (named).
+  void copy_to(torch::nn::Module& module) const;
+  /// Exchanges the module's weights with the shadow, so the module holds the
+  /// average; calling it again restores both. Errors as copy_to.
+  void swap_into(torch::nn::Module& module);
+
+  /// Name → tensor (clones): parameters and buffers under their module
+  /// names, plus "__ema_num_updates__" (int64 scalar).
+  std::map<std::string, at::Tensor> state_dict() const;
+  /// Restores a state_dict() (clones). Parameters vs buffers are told apart
+  /// at the next use against the module: names are matched then.
+  /// @throws std::invalid_argument if "__ema_num_updates__" is missing or a
+  ///   tensor is undefined.
+  void load_state_dict(const std::map<std::string, at::Tensor>& state);
+
+ private:
+  void resolve_loaded(torch::nn::Module& module) const;
+
+  EmaOptions options_;
+  mutable std::vector<std::pair<std::string, at::Tensor>> params_;
+  mutable std::vector<std::pair<std::string, at::Tensor>> buffers_;
+  mutable std::map<std::string, at::Tensor> loaded_;  ///< from load_state_dict, unresolved.
+  int64_t num_updates_ = 0;
+};
+
+}  // namespace crucible
