@@ -251,31 +251,11 @@ void TrainingStrategy::run_hooks(TrainingStage stage, TrainContext& ctx) {
   }
 }
 
-void TrainingStrategy::enter_hooks() {
-  size_t entered = 0;
-  try {
-    for (; entered < hooks_.size(); ++entered) hooks_[entered]->enter();
-  } catch (...) {
-    for (size_t i = entered; i-- > 0;) {
-      try {
-        hooks_[i]->exit(true);
-      } catch (...) {
-      }
-    }
-    throw;
-  }
-}
+void TrainingStrategy::enter_hooks() { enter_in_order(hooks_); }
 
 void TrainingStrategy::exit_hooks(bool failed) {
-  std::exception_ptr first;
-  for (size_t i = hooks_.size(); i-- > 0;) {
-    try {
-      hooks_[i]->exit(failed);
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first && !failed) std::rethrow_exception(first);
+  // After a failure the original exception wins over one from an exit().
+  exit_in_reverse(hooks_, failed, /*rethrow=*/!failed);
 }
 
 void TrainingStrategy::train_batch(const Batch& batch) {

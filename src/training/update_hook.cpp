@@ -217,31 +217,10 @@ void TrainingUpdateOrchestrator::operator()(TrainContext& ctx, TrainingStage sta
   }
 }
 
-void TrainingUpdateOrchestrator::enter() {
-  size_t entered = 0;
-  try {
-    for (; entered < hooks_.size(); ++entered) hooks_[entered]->enter();
-  } catch (...) {
-    for (size_t i = entered; i-- > 0;) {
-      try {
-        hooks_[i]->exit(true);
-      } catch (...) {
-      }
-    }
-    throw;
-  }
-}
+void TrainingUpdateOrchestrator::enter() { enter_in_order(hooks_); }
 
 void TrainingUpdateOrchestrator::exit(bool failed) {
-  std::exception_ptr first;
-  for (size_t i = hooks_.size(); i-- > 0;) {
-    try {
-      hooks_[i]->exit(failed);
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
+  exit_in_reverse(hooks_, failed, /*rethrow=*/true);
 }
 
 // ---------------------------------------------------------------- composition

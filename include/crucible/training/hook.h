@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <exception>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -89,6 +90,41 @@ class Hook {
     (void)hooks;
   }
 };
+
+/// Calls `enter()` on every hook in order. If one throws, the hooks already
+/// entered are exited in reverse order with `failed = true` (their own
+/// exceptions swallowed) and the exception is rethrown. `Hooks` is any range
+/// of (smart) pointers to Hook subclasses.
+template <class Hooks>
+void enter_in_order(const Hooks& hooks) {
+  size_t entered = 0;
+  try {
+    for (; entered < hooks.size(); ++entered) hooks[entered]->enter();
+  } catch (...) {
+    for (size_t i = entered; i-- > 0;) {
+      try {
+        hooks[i]->exit(true);
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+}
+
+/// Calls `exit(failed)` on every hook in reverse order, even when one throws;
+/// afterwards rethrows the first exception if `rethrow`.
+template <class Hooks>
+void exit_in_reverse(const Hooks& hooks, bool failed, bool rethrow) {
+  std::exception_ptr first;
+  for (size_t i = hooks.size(); i-- > 0;) {
+    try {
+      hooks[i]->exit(failed);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first && rethrow) std::rethrow_exception(first);
+}
 
 /// A hook from a function, for tests and small user additions.
 class LambdaHook : public Hook {
