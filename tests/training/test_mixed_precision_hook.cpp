@@ -21,15 +21,10 @@
 namespace crucible {
 namespace {
 
+using testing::energy_forces_loss;
 using testing::ToyModel;
+using testing::toy_dataset;
 using testing::toy_structures;
-
-WeightedSumLoss energy_forces_loss() {
-  WeightedSumLoss loss;
-  loss.add(std::make_shared<EnergyMSELoss>(), 1.0);
-  loss.add(std::make_shared<ForcesMSELoss>(), 10.0);
-  return loss;
-}
 
 StrategyOptions steps_options(int64_t steps, const std::string& precision) {
   StrategyOptions o;
@@ -37,10 +32,6 @@ StrategyOptions steps_options(int64_t steps, const std::string& precision) {
   o.optimizer.lr = 0.01;
   o.precision = precision;
   return o;
-}
-
-std::shared_ptr<AtomicDataset> toy_dataset(int n, uint64_t seed = 1) {
-  return std::make_shared<AtomicDataset>(toy_structures(n, seed), 4.0);
 }
 
 TEST(MixedPrecisionHook, PriorityKeyAndAliases) {

@@ -13,7 +13,9 @@
 namespace crucible {
 namespace {
 
+using testing::energy_forces_loss;
 using testing::ToyModel;
+using testing::toy_dataset;
 using testing::toy_structures;
 
 std::vector<TrainingStage> all_stages() {
@@ -22,23 +24,12 @@ std::vector<TrainingStage> all_stages() {
   return s;
 }
 
-WeightedSumLoss energy_forces_loss() {
-  WeightedSumLoss loss;
-  loss.add(std::make_shared<EnergyMSELoss>(), 1.0);
-  loss.add(std::make_shared<ForcesMSELoss>(), 10.0);
-  return loss;
-}
-
 StrategyOptions steps_options(int64_t steps) {
   StrategyOptions o;
   o.num_steps = steps;
   o.dtype = at::kDouble;
   o.optimizer.lr = 0.01;
   return o;
-}
-
-std::shared_ptr<AtomicDataset> toy_dataset(int n, uint64_t seed = 1) {
-  return std::make_shared<AtomicDataset>(toy_structures(n, seed), 4.0);
 }
 
 /// Records every stage it sees.

@@ -19,14 +19,9 @@ namespace crucible {
 namespace {
 
 using testing::toy_structures;
+using testing::energy_forces_loss;
 using testing::ToyModel;
-
-WeightedSumLoss energy_forces_loss() {
-  WeightedSumLoss loss;
-  loss.add(std::make_shared<EnergyMSELoss>(), 1.0);
-  loss.add(std::make_shared<ForcesMSELoss>(), 10.0);
-  return loss;
-}
+using testing::toy_dataset;
 
 StrategyOptions steps_options(int64_t steps) {
   StrategyOptions o;
@@ -34,10 +29,6 @@ StrategyOptions steps_options(int64_t steps) {
   o.dtype = at::kDouble;
   o.optimizer.lr = 0.01;
   return o;
-}
-
-std::shared_ptr<AtomicDataset> toy_dataset(int n, uint64_t seed = 1) {
-  return std::make_shared<AtomicDataset>(toy_structures(n, seed), 4.0);
 }
 
 /// One dispatch as a child saw it.

@@ -3,6 +3,7 @@
 // E = Σ_edges a·exp(-b·r_ij) / 2 + c·N  (eV), r in Å.
 
 #include "crucible/data/dataset.h"
+#include "crucible/losses/loss.h"
 #include "crucible/models/energy_model.h"
 
 #include <torch/nn/cloneable.h>
@@ -64,6 +65,19 @@ inline std::vector<Structure> toy_structures(int n, uint64_t seed) {
     out[s].forces = o.forces.detach().clone();
   }
   return out;
+}
+
+/// `n` toy structures (see toy_structures) with neighbor lists at 4 Å.
+inline std::shared_ptr<AtomicDataset> toy_dataset(int n, uint64_t seed = 1) {
+  return std::make_shared<AtomicDataset>(toy_structures(n, seed), 4.0);
+}
+
+/// Energy MSE (per atom, weight 1) + forces MSE (weight 10).
+inline WeightedSumLoss energy_forces_loss() {
+  WeightedSumLoss loss;
+  loss.add(std::make_shared<EnergyMSELoss>(), 1.0);
+  loss.add(std::make_shared<ForcesMSELoss>(), 10.0);
+  return loss;
 }
 
 }  // namespace crucible::testing
