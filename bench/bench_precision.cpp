@@ -34,12 +34,7 @@ Row run_mode(const std::string& mode, int64_t epochs, const Config& config,
   const auto& tc = config.training;
   auto train_ds = std::make_shared<AtomicDataset>(train, config.model.cutoff);
   auto valid_ds = std::make_shared<AtomicDataset>(valid, config.model.cutoff);
-  SchNetOptions so;
-  so.hidden_channels = config.model.hidden_channels;
-  so.num_filters = config.model.num_filters;
-  so.num_interactions = config.model.num_interactions;
-  so.num_gaussians = config.model.num_gaussians;
-  so.cutoff = config.model.cutoff;
+  const SchNetOptions so = schnet_options(config.model);
   at::manual_seed(0);  // same initial weights in every mode
   SchNet model(so);
   const at::Tensor e0 = fit_reference_energies(train);

@@ -30,12 +30,7 @@ struct Fixture {
     const at::ScalarType dtype = tc.dtype == "float64" ? at::kDouble : at::kFloat;
     auto structures = read_extxyz(CRUCIBLE_SOURCE_DIR "/data/alloy_TiAl/TiAl_tutorial.xyz");
     dataset = std::make_shared<AtomicDataset>(structures, config.model.cutoff);
-    SchNetOptions so;
-    so.hidden_channels = config.model.hidden_channels;
-    so.num_filters = config.model.num_filters;
-    so.num_interactions = config.model.num_interactions;
-    so.num_gaussians = config.model.num_gaussians;
-    so.cutoff = config.model.cutoff;
+    const SchNetOptions so = schnet_options(config.model);
     at::manual_seed(0);
     model = SchNet(so);
     model->to(dtype);

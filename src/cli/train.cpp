@@ -306,12 +306,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   auto valid_ds = std::make_shared<AtomicDataset>(valid, cutoff);
 
   at::manual_seed(static_cast<uint64_t>(tc.seed));
-  SchNetOptions so;
-  so.hidden_channels = config.model.hidden_channels;
-  so.num_filters = config.model.num_filters;
-  so.num_interactions = config.model.num_interactions;
-  so.num_gaussians = config.model.num_gaussians;
-  so.cutoff = cutoff;
+  const SchNetOptions so = schnet_options(config.model);
   SchNet model(nullptr);
   try {
     model = SchNet(so);

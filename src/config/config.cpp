@@ -4,6 +4,7 @@
 #include "crucible/config/config.h"
 
 #include "crucible/common/error.h"
+#include "crucible/models/schnet.h"
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -1079,6 +1080,16 @@ bool operator==(const Config& a, const Config& b) {
     }
   }
   return true;
+}
+
+SchNetOptions schnet_options(const ModelConfig& model) {
+  SchNetOptions so;
+  so.hidden_channels = model.hidden_channels;
+  so.num_filters = model.num_filters;
+  so.num_interactions = model.num_interactions;
+  so.num_gaussians = model.num_gaussians;
+  so.cutoff = model.cutoff;
+  return so;
 }
 
 }  // namespace crucible

@@ -13,6 +13,8 @@
 
 namespace crucible {
 
+struct SchNetOptions;
+
 /// Physical quantity a unit setting converts (selects the table of names).
 enum class UnitQuantity {
   kEnergy,  ///< energies and virials → eV.
@@ -159,6 +161,10 @@ struct ConfigKeyInfo {
 
 /// The defaults (what an empty config file gives).
 Config default_config();
+
+/// SchNet hyperparameters of the `model` section (type must be "schnet";
+/// ranges are checked by validate_config and SchNet's constructor).
+SchNetOptions schnet_options(const ModelConfig& model);
 
 /// Every key of the schema, in documentation order.
 std::vector<ConfigKeyInfo> config_keys();
