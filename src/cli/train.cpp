@@ -3,7 +3,6 @@
 #include "crucible/cli/commands.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/cli/progress.h"
-#include "crucible/cli/train_hooks.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
@@ -338,7 +337,9 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   vc.every_n_epochs = tc.validate_every_n_epochs;
   vc.every_n_steps = 0;
   vc.batch_size = tc.valid_batch_size;
+  vc.use_ema = tc.ema.use_for_validation;
   sopt.validation = vc;
+  sopt.scheduler = scheduler_config(tc.scheduler);
 
   DataLoaderOptions lo;
   lo.batch_size = tc.batch_size;
@@ -378,12 +379,27 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
         EmaOptions{tc.ema.decay, tc.ema.update_every, tc.ema.start_step});
     strategy.register_hook(ema_hook);
   }
-  std::string schedule_text = "constant lr";
-  if (tc.scheduler.name == "cosine") {
-    strategy.register_hook(std::make_shared<CosineLrHook>(tc.optimizer.lr, target_steps,
-                                                          tc.scheduler.final_lr_factor));
-    schedule_text = fmt::format("cosine lr {} → {}", tc.optimizer.lr,
-                                tc.optimizer.lr * tc.scheduler.final_lr_factor);
+  std::string schedule_text;
+  {
+    const auto& sc = tc.scheduler;
+    const std::string warm =
+        sc.warmup_steps > 0 && sc.name != "plateau"
+            ? fmt::format(" after {} warmup steps from {}", sc.warmup_steps,
+                          tc.optimizer.lr * sc.warmup_start_factor)
+            : "";
+    if (sc.name == "cosine") {
+      schedule_text = fmt::format("cosine lr {} → {}{}", tc.optimizer.lr,
+                                  tc.optimizer.lr * sc.final_lr_factor, warm);
+    } else if (sc.name == "step") {
+      schedule_text = fmt::format("step lr ×{} every {} steps{}", sc.gamma, sc.step_size, warm);
+    } else if (sc.name == "exponential") {
+      schedule_text = fmt::format("exponential lr ×{} per step{}", sc.gamma, warm);
+    } else if (sc.name == "plateau") {
+      schedule_text = fmt::format("plateau lr ×{} after {} validations without {} improving",
+                                  sc.factor, sc.patience, sc.monitor);
+    } else {
+      schedule_text = "constant lr" + warm;
+    }
   }
 
   // ---- header.
@@ -428,8 +444,9 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
                             tc.spike_skipping.window, tc.spike_skipping.min_history);
     }
     if (ema_hook) {
-      extras += fmt::format("{}EMA decay {} every {} from step {}", extras.empty() ? "" : "; ",
-                            tc.ema.decay, tc.ema.update_every, tc.ema.start_step);
+      extras += fmt::format("{}EMA decay {} every {} from step {}{}", extras.empty() ? "" : "; ",
+                            tc.ema.decay, tc.ema.update_every, tc.ema.start_step,
+                            tc.ema.use_for_validation ? " (validation and model.pt use it)" : "");
     }
     out << fmt::format("  updates    {}\n", extras);
   }
@@ -460,7 +477,14 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   meta.scale = scale;
   meta.shift = shift;
   meta.data = config.data;
-  save_model(run_dir.string(), model, meta);
+  // With EMA for validation, model.pt holds the averaged weights (MACE).
+  auto inference = tc.ema.use_for_validation ? strategy.inference_model() : nullptr;
+  if (inference) {
+    SchNet averaged(std::dynamic_pointer_cast<SchNetImpl>(inference));
+    save_model(run_dir.string(), averaged, meta);
+  } else {
+    save_model(run_dir.string(), model, meta);
+  }
 
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -479,6 +503,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   }
   summary["skipped_steps"] = spike_hook ? spike_hook->skipped_steps() : 0;
   if (ema_hook) summary["ema_updates"] = ema_hook->num_updates();
+  summary["model_weights"] = inference ? "ema" : "live";
   summary["train_structures"] = train.size();
   summary["valid_structures"] = valid.size();
   summary["final_train_loss"] = std::isfinite(final_loss) ? json(final_loss) : json();

@@ -5,6 +5,7 @@
 
 #include "crucible/common/error.h"
 #include "crucible/models/schnet.h"
+#include "crucible/training/lr_scheduler.h"
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -309,19 +310,81 @@ std::vector<Key> build_schema() {
   add("training.optimizer.amsgrad", Kind::kBool, "", "Use the AMSGrad variant of Adam.",
       [](Config& c) -> void* { return &c.training.optimizer.amsgrad; });
   add("training.scheduler.name", Kind::kString, "",
-      "Learning-rate schedule over the run: cosine (anneal from lr to lr * final_lr_factor "
-      "at the last step, NequIP's CosineAnnealingLR) or constant.",
+      "Learning-rate schedule, stepped after every optimizer step that ran: constant, cosine "
+      "(anneal from lr to lr * final_lr_factor at the last step, PyTorch/NequIP "
+      "CosineAnnealingLR), step (StepLR: times gamma every step_size steps), exponential "
+      "(ExponentialLR: times gamma every step), or plateau (ReduceLROnPlateau on the "
+      "validation metric `monitor`, stepped after each validation). Options a schedule does "
+      "not use must keep their defaults.",
       [](Config& c) -> void* { return &c.training.scheduler.name; })
-      .choices = {"cosine", "constant"};
+      .choices = {"constant", "cosine", "step", "exponential", "plateau"};
   {
     Key& key = add("training.scheduler.final_lr_factor", Kind::kFloat, "",
-                   "Cosine schedule: learning rate at the last step divided by "
-                   "training.optimizer.lr, in [0, 1].",
+                   "cosine: learning rate at the last step divided by training.optimizer.lr, "
+                   "in [0, 1].",
                    [](Config& c) -> void* { return &c.training.scheduler.final_lr_factor; });
     key.min = 0.0;
     key.max = 1.0;
     key.max_inclusive = true;
   }
+  min_incl(add("training.scheduler.step_size", Kind::kInt, "",
+               "step: optimizer steps between two decays by gamma.",
+               [](Config& c) -> void* { return &c.training.scheduler.step_size; }),
+           1.0);
+  {
+    Key& key = add("training.scheduler.gamma", Kind::kFloat, "",
+                   "step / exponential: multiplicative decay of the learning rate, in (0, 1].",
+                   [](Config& c) -> void* { return &c.training.scheduler.gamma; });
+    key.min = 0.0;
+    key.min_exclusive = true;
+    key.max = 1.0;
+    key.max_inclusive = true;
+  }
+  min_incl(add("training.scheduler.warmup_steps", Kind::kInt, "",
+               "Linear warmup over this many optimizer steps before the schedule starts "
+               "(PyTorch SequentialLR of LinearLR and the schedule); 0 = none. Not with plateau.",
+               [](Config& c) -> void* { return &c.training.scheduler.warmup_steps; }),
+           0.0);
+  {
+    Key& key = add("training.scheduler.warmup_start_factor", Kind::kFloat, "",
+                   "Learning rate at the first warmup step divided by training.optimizer.lr, "
+                   "in [0, 1].",
+                   [](Config& c) -> void* { return &c.training.scheduler.warmup_start_factor; });
+    key.min = 0.0;
+    key.max = 1.0;
+    key.max_inclusive = true;
+  }
+  add("training.scheduler.monitor", Kind::kString, "",
+      "plateau: validation metric to minimise (energy_mae, energy_rmse, forces_mae, "
+      "forces_rmse, stress_mae, stress_rmse; a val/ prefix is accepted).",
+      [](Config& c) -> void* { return &c.training.scheduler.monitor; })
+      .choices = {"energy_mae",      "energy_rmse",      "forces_mae",      "forces_rmse",
+                  "stress_mae",      "stress_rmse",      "val/energy_mae",  "val/energy_rmse",
+                  "val/forces_mae",  "val/forces_rmse",  "val/stress_mae",  "val/stress_rmse"};
+  {
+    Key& key = add("training.scheduler.factor", Kind::kFloat, "",
+                   "plateau: learning-rate multiplier on a plateau, in (0, 1).",
+                   [](Config& c) -> void* { return &c.training.scheduler.factor; });
+    key.min = 0.0;
+    key.min_exclusive = true;
+    key.max = 1.0;
+  }
+  min_incl(add("training.scheduler.patience", Kind::kInt, "",
+               "plateau: validations without improvement before the learning rate is reduced.",
+               [](Config& c) -> void* { return &c.training.scheduler.patience; }),
+           0.0);
+  min_incl(add("training.scheduler.threshold", Kind::kFloat, "",
+               "plateau: relative improvement of the metric that counts as one.",
+               [](Config& c) -> void* { return &c.training.scheduler.threshold; }),
+           0.0);
+  min_incl(add("training.scheduler.cooldown", Kind::kInt, "",
+               "plateau: validations to wait after a reduction before counting again.",
+               [](Config& c) -> void* { return &c.training.scheduler.cooldown; }),
+           0.0);
+  min_incl(add("training.scheduler.min_lr", Kind::kFloat, "",
+               "plateau: lower bound of the learning rate.",
+               [](Config& c) -> void* { return &c.training.scheduler.min_lr; }),
+           0.0);
   min_incl(add("training.clip_grad_norm", Kind::kFloat, "",
                "Clip the 2-norm of all parameter gradients to this value before each "
                "optimizer step (MACE clip_grad); 0 = no clipping.",
@@ -351,7 +414,7 @@ std::vector<Key> build_schema() {
            1.0);
   add("training.ema.enabled", Kind::kBool, "",
       "Keep an exponential moving average of the model weights (updated after optimizer "
-      "steps that ran). Not yet used for validation or the saved model.",
+      "steps that ran; MACE's ema).",
       [](Config& c) -> void* { return &c.training.ema.enabled; });
   {
     Key& key = add("training.ema.decay", Kind::kFloat, "",
@@ -369,6 +432,10 @@ std::vector<Key> build_schema() {
                "update copies the weights.",
                [](Config& c) -> void* { return &c.training.ema.start_step; }),
            0.0);
+  add("training.ema.use_for_validation", Kind::kBool, "",
+      "Validate, report and save model.pt with the averaged weights instead of the live "
+      "ones (MACE and Lightning EMA callbacks do so).",
+      [](Config& c) -> void* { return &c.training.ema.use_for_validation; });
   min_incl(add("training.loss.energy_weight", Kind::kFloat, "",
                "Weight of the energy MSE term (0 = off). The term is in eV²/atom² with "
                "energy_per_atom, else eV².",
@@ -982,6 +1049,39 @@ void validate_config(const Config& config) {
         "training.loss must have at least one weight > 0 (energy_weight, forces_weight, "
         "stress_weight), got all 0");
   }
+  {
+    // Options a schedule does not use must keep their defaults.
+    const SchedulerSettings d;
+    const auto& sc = t.scheduler;
+    struct Used {
+      const char* key;
+      bool changed;
+      std::vector<std::string> by;
+    };
+    const std::vector<Used> used = {
+        {"final_lr_factor", sc.final_lr_factor != d.final_lr_factor, {"cosine"}},
+        {"step_size", sc.step_size != d.step_size, {"step"}},
+        {"gamma", sc.gamma != d.gamma, {"step", "exponential"}},
+        {"warmup_steps", sc.warmup_steps != d.warmup_steps,
+         {"constant", "cosine", "step", "exponential"}},
+        {"warmup_start_factor", sc.warmup_start_factor != d.warmup_start_factor,
+         {"constant", "cosine", "step", "exponential"}},
+        {"monitor", sc.monitor != d.monitor, {"plateau"}},
+        {"factor", sc.factor != d.factor, {"plateau"}},
+        {"patience", sc.patience != d.patience, {"plateau"}},
+        {"threshold", sc.threshold != d.threshold, {"plateau"}},
+        {"cooldown", sc.cooldown != d.cooldown, {"plateau"}},
+        {"min_lr", sc.min_lr != d.min_lr, {"plateau"}},
+    };
+    for (const auto& u : used) {
+      if (!u.changed || std::find(u.by.begin(), u.by.end(), sc.name) != u.by.end()) continue;
+      std::string names;
+      for (const auto& n : u.by) names += (names.empty() ? "" : ", ") + n;
+      throw ConfigError("training.scheduler." + std::string(u.key) + " is used only by the " +
+                        names + " schedule" + (u.by.size() > 1 ? "s" : "") +
+                        "; it must keep its default with training.scheduler.name = " + sc.name);
+    }
+  }
   static const std::regex device_re("cpu|cuda(:[0-9]+)?");
   if (!std::regex_match(t.device, device_re)) {
     throw ConfigError("training.device must be cpu, cuda or cuda:N, got '" + t.device + "'");
@@ -1090,6 +1190,24 @@ SchNetOptions schnet_options(const ModelConfig& model) {
   so.num_gaussians = model.num_gaussians;
   so.cutoff = model.cutoff;
   return so;
+}
+
+SchedulerConfig scheduler_config(const SchedulerSettings& settings) {
+  SchedulerConfig c;
+  c.name = settings.name;
+  c.final_lr_factor = settings.final_lr_factor;
+  c.t_max = 0;
+  c.step_size = settings.step_size;
+  c.gamma = settings.gamma;
+  c.warmup.steps = settings.warmup_steps;
+  c.warmup.start_factor = settings.warmup_start_factor;
+  c.plateau.monitor = settings.monitor;
+  c.plateau.factor = settings.factor;
+  c.plateau.patience = settings.patience;
+  c.plateau.threshold = settings.threshold;
+  c.plateau.cooldown = settings.cooldown;
+  c.plateau.min_lr = settings.min_lr;
+  return c;
 }
 
 }  // namespace crucible

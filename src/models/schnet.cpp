@@ -117,6 +117,10 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   return scale_.to(geom) * y + shift_.to(geom);
 }
 
+std::shared_ptr<EnergyModel> SchNetImpl::clone_model() const {
+  return std::dynamic_pointer_cast<SchNetImpl>(clone());
+}
+
 at::Tensor SchNetImpl::energy(const Batch& batch) {
   const at::Tensor atomic = atomic_energies(batch);  // [N], positions' dtype
   // The per-atom → per-structure sum runs with autocast off in the positions' dtype.

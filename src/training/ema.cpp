@@ -7,6 +7,7 @@
 
 #include "crucible/common/error.h"
 #include "crucible/models/energy_model.h"
+#include "crucible/training/strategy.h"
 
 namespace crucible {
 
@@ -56,7 +57,22 @@ UpdateDecision EmaHook::operator()(TrainContext& ctx, TrainingStage stage, bool 
     return {true, ctx.loss};
   }
   const int64_t s = ctx.step_count + 1;
-  if (s >= options_.start_step && s % options_.update_every == 0) update(ctx.model->module());
+  if (s < options_.start_step || s % options_.update_every != 0) return {true, ctx.loss};
+  update(ctx.model->module());
+  if (options_.publish_inference_model && ctx.strategy) {
+    if (!inference_) {
+      inference_ = ctx.model->clone_model();
+      if (!inference_) {
+        throw std::logic_error("EmaHook publishes the average for validation through a copy of "
+                               "the model, but model '" + ctx.model->name() +
+                               "' does not implement EnergyModel::clone_model(); implement it "
+                               "or set EmaOptions::publish_inference_model = false");
+      }
+      for (auto& p : inference_->module().parameters()) p.requires_grad_(false);
+    }
+    copy_to(inference_->module());
+    ctx.strategy->set_inference_model(inference_);
+  }
   return {true, ctx.loss};
 }
 

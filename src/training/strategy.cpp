@@ -4,6 +4,7 @@
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include <cmath>
 #include <sstream>
@@ -83,6 +84,31 @@ TrainingStrategy::TrainingStrategy(std::shared_ptr<EnergyModel> model, StrategyO
     }
     if (v.every_n_epochs < 0 || v.every_n_steps < 0) {
       throw ConfigError("validation.every_n_epochs and every_n_steps must be >= 0");
+    }
+  }
+  if (options_.scheduler) {
+    // Check the scheduler options now, before any training (seed 002).
+    torch::optim::SGD probe(std::vector<at::Tensor>{at::zeros({1})}, torch::optim::SGDOptions(1.0));
+    try {
+      (void)make_lr_scheduler(*options_.scheduler, probe, 1);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("training.scheduler: ") + e.what());
+    }
+    if (options_.scheduler->name == "plateau") {
+      if (!options_.validation) {
+        throw ConfigError("training.scheduler: the plateau scheduler steps on a validation "
+                          "metric and needs a validation config, got none");
+      }
+      std::string key = options_.scheduler->plateau.monitor;
+      if (key.rfind("val/", 0) == 0) key = key.substr(4);
+      const auto metrics = ValidationSummary{}.as_map();
+      if (metrics.count(key) == 0) {
+        std::string known;
+        for (const auto& [k, v] : metrics) known += (known.empty() ? "" : ", ") + k;
+        throw ConfigError("training.scheduler.monitor must be a validation metric (" + known +
+                          "), optionally prefixed with val/, got '" +
+                          options_.scheduler->plateau.monitor + "'");
+      }
     }
   }
   if (!training_fn_) {
@@ -183,7 +209,12 @@ std::vector<torch::optim::Optimizer*> TrainingStrategy::optimizers() {
   return {optimizer_.get()};
 }
 
-void TrainingStrategy::ensure_optimizer() {
+std::vector<LrScheduler*> TrainingStrategy::lr_schedulers() {
+  if (!optimizer_) return {};
+  return {scheduler_.get()};
+}
+
+void TrainingStrategy::ensure_optimizer(int64_t total_steps) {
   if (optimizer_) return;
   std::vector<at::Tensor> params;
   for (auto& p : model_->module().parameters()) {
@@ -199,6 +230,14 @@ void TrainingStrategy::ensure_optimizer() {
     torch::optim::AdamOptions o(c.lr);
     o.betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay).amsgrad(c.amsgrad);
     optimizer_ = std::make_unique<torch::optim::Adam>(params, o);
+  }
+  if (options_.scheduler) {
+    try {
+      scheduler_ = make_lr_scheduler(*options_.scheduler, *optimizer_, total_steps);
+    } catch (const ConfigError& e) {
+      optimizer_.reset();
+      throw ConfigError(std::string("training.scheduler: ") + e.what());
+    }
   }
 }
 
@@ -232,6 +271,7 @@ TrainContext TrainingStrategy::make_context(const Batch* batch) {
   ctx.batch = batch;
   ctx.model = model_.get();
   ctx.optimizers = optimizers();
+  ctx.lr_schedulers = lr_schedulers();
   ctx.precision = precision_plugin();
   return ctx;
 }
@@ -262,7 +302,7 @@ void TrainingStrategy::train_batch(const Batch& batch) {
   ensure_precision_hook();
   enter_hooks();
   try {
-    ensure_optimizer();
+    ensure_optimizer(options_.num_steps.value_or(0));
     model_->module().train(true);
     train_batch_impl(batch.to(options_.device, batch_dtype()));
   } catch (...) {
@@ -308,6 +348,7 @@ void TrainingStrategy::train_batch_impl(const Batch& batch) {
     step_ran = !ctx.optimizer_step_skipped;
   } else {
     optimizer_->step();
+    step_lr_schedulers(ctx.lr_schedulers);
   }
   optimizer_step_skipped_ = !step_ran;
   run_hooks(TrainingStage::AFTER_OPTIMIZER_STEP, ctx);
@@ -340,7 +381,23 @@ bool TrainingStrategy::validation_due_after_epoch() const {
 void TrainingStrategy::maybe_validate_after_step() {
   if (!options_.validation || optimizer_step_skipped_) return;
   const int64_t n = options_.validation->every_n_steps;
-  if (n > 0 && step_count > 0 && step_count % n == 0) validate();
+  if (n > 0 && step_count > 0 && step_count % n == 0) validate_and_step_metric_schedulers();
+}
+
+void TrainingStrategy::validate_and_step_metric_schedulers() {
+  const ValidationSummary summary = validate();
+  if (!scheduler_ || !scheduler_->metric_driven()) return;
+  const auto metrics = summary.as_map();
+  std::string key = scheduler_->monitor();
+  if (key.rfind("val/", 0) == 0) key = key.substr(4);
+  auto it = metrics.find(key);
+  if (it == metrics.end()) {
+    std::string known;
+    for (const auto& [k, v] : metrics) known += (known.empty() ? "" : ", ") + k;
+    throw ConfigError("training.scheduler.monitor must be a validation metric (" + known +
+                      "), got '" + scheduler_->monitor() + "'");
+  }
+  scheduler_->step(it->second);
 }
 
 ValidationSummary TrainingStrategy::validate() {
@@ -356,7 +413,10 @@ ValidationSummary TrainingStrategy::validate() {
     // Seed 000: validation runs under the hook's inference autocast.
     std::unique_ptr<AutocastGuard> autocast;
     if (precision_hook_) autocast = precision_hook_->inference_context(options_.device);
-    last_validation_ = evaluate_model(*model_, *v.data, options_.device, eo);
+    const bool use_inference = v.use_ema && inference_model_ != nullptr;
+    last_validation_ =
+        evaluate_model(use_inference ? *inference_model_ : *model_, *v.data, options_.device, eo);
+    last_validation_->inference_model = use_inference;
   }
   TrainContext ctx = make_context(nullptr);
   run_hooks(TrainingStage::AFTER_VALIDATION, ctx);
@@ -385,7 +445,7 @@ void TrainingStrategy::run(DataLoader& loader) {
             std::to_string(expected) + ", got " + std::to_string(batch_count));
       }
       batch_count = std::max(batch_count, expected);
-      ensure_optimizer();
+      ensure_optimizer(target);
       model_->module().train(true);
       bool started = false;
       while (step_count < target) {
@@ -422,13 +482,13 @@ void TrainingStrategy::run(DataLoader& loader) {
           epoch_step_count = 0;
           TrainContext ctx = make_context(nullptr);
           run_hooks(TrainingStage::AFTER_EPOCH, ctx);
-          if (validation_due_after_epoch()) validate();
+          if (validation_due_after_epoch()) validate_and_step_metric_schedulers();
           model_->module().train(true);
         }
       }
       TrainContext end_ctx = make_context(nullptr);
       run_hooks(TrainingStage::AFTER_TRAINING, end_ctx);
-      if (options_.validation) validate();
+      if (options_.validation) validate_and_step_metric_schedulers();
     }
   } catch (...) {
     exit_hooks(true);

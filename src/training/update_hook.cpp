@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "crucible/common/error.h"
+#include "crucible/training/lr_scheduler.h"
 
 namespace crucible {
 
@@ -19,16 +20,6 @@ constexpr std::array<TrainingStage, 4> kUpdateStages = {
     TrainingStage::DO_OPTIMIZER_STEP,
     TrainingStage::AFTER_OPTIMIZER_STEP,
 };
-
-/// Extension point for LR schedulers (seed 001 `_step_optimizers_with_context`):
-/// after the optimizers stepped, each scheduler steps only when its paired
-/// optimizer's step was not skipped, and metric-driven schedulers never step
-/// here. Crucible has no schedulers yet (issue 4); when TrainContext gains
-/// them, step them here from `report`.
-void step_lr_schedulers(TrainContext& ctx, const OptimizerStepReport& report) {
-  (void)ctx;
-  (void)report;
-}
 
 void check_optimizers(const TrainContext& ctx) {
   for (auto* opt : ctx.optimizers) {
@@ -169,7 +160,8 @@ bool TrainingUpdateOrchestrator::step(TrainContext& ctx) {
     for (auto* opt : ctx.optimizers) opt->step();
     report.skipped.assign(ctx.optimizers.size(), false);
   }
-  step_lr_schedulers(ctx, report);
+  // Seed 001: a scheduler steps only if its optimizer's step ran.
+  step_lr_schedulers(ctx.lr_schedulers, report.skipped);
   return !report.any_skipped();
 }
 

@@ -290,6 +290,20 @@ TEST_F(CliTest, TrainWithCanonicalUpdateHooks) {
   EXPECT_NE(summary.find("\"steps\": 3"), std::string::npos) << summary;
   EXPECT_NE(summary.find("\"skipped_steps\": 0"), std::string::npos) << summary;
   EXPECT_NE(summary.find("\"ema_updates\": 3"), std::string::npos) << summary;
+  // Validation and model.pt use the average (use_for_validation defaults to true).
+  EXPECT_NE(summary.find("\"model_weights\": \"ema\""), std::string::npos) << summary;
+  EXPECT_NE(r.out.find("(validation and model.pt use it)"), std::string::npos) << r.out;
+  // model.pt holds the average: evaluating it reproduces the final validation.
+  const fs::path metrics_json = dir_ / "eval_ema.json";
+  r = run_crucible(dir_, {"evaluate", "--model", run.string(), "--data",
+                          (dir_ / "tiny_valid.xyz").string(), "--json", metrics_json.string()});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const auto eval = nlohmann::json::parse(read_text(metrics_json));
+  const auto v = nlohmann::json::parse(summary).at("validation");
+  for (const char* k : {"energy_mae", "forces_mae"}) {
+    const double b = v.at(k).get<double>();
+    EXPECT_NEAR(eval.at(k).get<double>(), b, 1e-6 * std::max(1.0, std::abs(b))) << k;
+  }
 }
 
 TEST_F(CliTest, DefaultRunDirectoryIsTimestampedUnderRuns) {

@@ -2,6 +2,7 @@
 
 #include "crucible/common/error.h"
 #include "crucible/config/config.h"
+#include "crucible/training/lr_scheduler.h"
 
 #include <gtest/gtest.h>
 
@@ -179,6 +180,36 @@ TEST(Config, UpdateHookKeys) {
   EXPECT_EQ(msg,
             "training.spike_skipping.min_history must be <= training.spike_skipping.window (5), "
             "got 6");
+}
+
+TEST(Config, SchedulerKeysAndOptionsOfOtherSchedules) {
+  Config c = default_config();
+  apply_overrides(c, {"training.scheduler.name=plateau", "training.scheduler.monitor=val/energy_mae",
+                      "training.scheduler.patience=3", "training.scheduler.factor=0.5"});
+  EXPECT_NO_THROW(validate_config(c));
+  const SchedulerConfig sc = scheduler_config(c.training.scheduler);
+  EXPECT_EQ(sc.name, "plateau");
+  EXPECT_EQ(sc.plateau.monitor, "val/energy_mae");
+  EXPECT_EQ(sc.plateau.patience, 3);
+  EXPECT_EQ(sc.plateau.factor, 0.5);
+  EXPECT_EQ(sc.t_max, 0);  // the anneal spans the run
+  // An option the chosen schedule does not use is an error, not ignored.
+  Config bad = from_yaml("training:\n  scheduler:\n    name: cosine\n    patience: 3\n");
+  std::string msg = config_error([&] { validate_config(bad); });
+  EXPECT_EQ(msg,
+            "training.scheduler.patience is used only by the plateau schedule; it must keep its "
+            "default with training.scheduler.name = cosine");
+  bad = from_yaml("training:\n  scheduler:\n    name: plateau\n    warmup_steps: 10\n");
+  msg = config_error([&] { validate_config(bad); });
+  EXPECT_EQ(msg,
+            "training.scheduler.warmup_steps is used only by the constant, cosine, step, "
+            "exponential schedules; it must keep its default with training.scheduler.name = "
+            "plateau");
+  msg = config_error([] { from_yaml("training:\n  scheduler:\n    name: linear\n"); });
+  EXPECT_NE(msg.find("training.scheduler.name must be one of constant, cosine, step, "
+                     "exponential, plateau, got 'linear'"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(Config, InvalidYamlReportsFileAndLine) {

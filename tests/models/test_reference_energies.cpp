@@ -1,5 +1,6 @@
 // fit_reference_energies / fit_energy_scale_shift on synthetic and bundled data.
 
+#include "common/python_oracle.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/models/schnet.h"
 #include "models/helpers.h"
@@ -16,6 +17,9 @@
 
 namespace crucible {
 namespace {
+
+using testing::python_has;
+using testing::run_python;
 
 using testing::make_structure;
 
@@ -34,23 +38,7 @@ Structure composition(const std::map<int64_t, int64_t>& counts, std::optional<do
   return s;
 }
 
-/// Runs a python oracle and returns its stdout ("" if it could not run).
-std::string run_python(const std::string& args) {
-  const std::string cmd = std::string(CRUCIBLE_PYTHON) + " " + args + " 2>/dev/null";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return "";
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
-  const int status = pclose(pipe);
-  return status == 0 ? out : "";
-}
 
-/// True when CRUCIBLE_PYTHON can import `modules` (comma-separated).
-bool python_has(const std::string& modules) {
-  const std::string cmd = std::string(CRUCIBLE_PYTHON) + " -c 'import " + modules + "' >/dev/null 2>&1";
-  return std::system(cmd.c_str()) == 0;
-}
 
 TEST(ReferenceEnergies, RecoversExactSyntheticE0s) {
   const std::map<int64_t, double> truth{{1, -13.6}, {8, -432.1}, {13, -57.3}, {79, -1012.25}};

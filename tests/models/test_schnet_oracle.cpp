@@ -3,6 +3,7 @@
 // the same weights, and runs the model on batches from the real data
 // pipeline (read_extxyz → AtomicDataset → collate).
 
+#include "common/python_oracle.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/models/energy_model.h"
@@ -24,6 +25,9 @@
 
 namespace crucible {
 namespace {
+
+using testing::python_has;
+using testing::run_python;
 
 using testing::make_batch;
 using testing::molecule;
@@ -51,15 +55,6 @@ void write_structure(std::ostream& os, const Structure& s) {
   }
 }
 
-std::string run_python(const std::string& args) {
-  const std::string cmd = std::string(CRUCIBLE_PYTHON) + " " + args;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return "";
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
-  return pclose(pipe) == 0 ? out : "";
-}
 
 std::vector<double> read_record(std::istream& in, const std::string& key, int64_t count) {
   std::string word;
@@ -70,11 +65,6 @@ std::vector<double> read_record(std::istream& in, const std::string& key, int64_
   return v;
 }
 
-/// True when CRUCIBLE_PYTHON can import `modules` (comma-separated).
-bool python_has(const std::string& modules) {
-  const std::string cmd = std::string(CRUCIBLE_PYTHON) + " -c 'import " + modules + "' >/dev/null 2>&1";
-  return std::system(cmd.c_str()) == 0;
-}
 
 TEST(SchNetOracle, MatchesIndependentPyTorchAseImplementation) {
   at::manual_seed(42);

@@ -2,6 +2,7 @@
 // growth/backoff, state dict), cross-checked against PyTorch's own GradScaler
 // bookkeeping via tests/precision/oracles/grad_scaler_oracle.py.
 
+#include "common/python_oracle.h"
 #include "crucible/common/error.h"
 #include "crucible/precision/grad_scaler.h"
 
@@ -23,6 +24,9 @@
 
 namespace crucible {
 namespace {
+
+using testing::python_has;
+using testing::run_python;
 
 /// One parameter vector and an SGD optimizer (lr 0.1) over it.
 struct Toy {
@@ -303,20 +307,7 @@ TEST(GradScaler, AnyOptimizerWithInfBacksOffAndOnlyItsStepIsSkipped) {
 
 // ---- oracle ------------------------------------------------------------------
 
-std::string run_python(const std::string& args) {
-  const std::string cmd = std::string(CRUCIBLE_PYTHON) + " " + args + " 2>/dev/null";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return "";
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
-  return pclose(pipe) == 0 ? out : "";
-}
 
-bool python_has_torch() {
-  const std::string cmd = std::string(CRUCIBLE_PYTHON) + " -c 'import torch' >/dev/null 2>&1";
-  return std::system(cmd.c_str()) == 0;
-}
 
 struct Trace {
   std::vector<float> scale;
@@ -401,7 +392,7 @@ std::vector<std::string> pseudo_random_flags(size_t n, size_t n_opt, unsigned se
 }
 
 TEST(GradScalerOracle, ScaleSequenceMatchesPyTorchGradScaler) {
-  if (!python_has_torch()) GTEST_SKIP() << "torch unavailable at " << CRUCIBLE_PYTHON;
+  if (!python_has("torch")) GTEST_SKIP() << "torch unavailable at " << CRUCIBLE_PYTHON;
   std::vector<OracleCase> cases;
   {
     GradScalerOptions o;

@@ -172,6 +172,39 @@ TEST(MixedPrecisionHook, PlantedInfSkipsExactlyThatStepAndHalvesTheScale) {
   EXPECT_TRUE(params[3].equal(params[2]));
 }
 
+// Seed 001 / issue 3 acceptance: a scheduler is not stepped when a real inf
+// gradient made the scaler skip its optimizer's step.
+TEST(MixedPrecisionHook, SchedulerIsNotSteppedWhenTheScalerSkipsTheStep) {
+  auto ds = toy_dataset(4);
+  ToyModel model;
+  StrategyOptions o = steps_options(10, "16-mixed");
+  SchedulerConfig sc;
+  sc.name = "step";
+  sc.step_size = 1;
+  sc.gamma = 0.5;
+  o.scheduler = sc;
+  TrainingStrategy s(model.ptr(), o, energy_forces_loss());
+  s.register_hook(std::make_shared<LambdaHook>(
+      "plant_inf", std::set<TrainingStage>{TrainingStage::AFTER_BACKWARD},
+      [&](TrainContext& ctx, TrainingStage) {
+        if (ctx.batch_count == 1) {
+          at::NoGradGuard g;
+          model->a.mutable_grad().fill_(std::numeric_limits<float>::infinity());
+        }
+      }));
+  std::vector<double> lrs;
+  std::vector<int64_t> scheduler_steps;
+  for (int64_t k = 0; k < 4; ++k) {
+    s.train_batch(ds->collate({k}));
+    lrs.push_back(s.optimizers().at(0)->param_groups().at(0).options().get_lr());
+    scheduler_steps.push_back(s.lr_schedulers().at(0)->last_step());
+  }
+  EXPECT_EQ(s.step_count, 3);
+  EXPECT_EQ(scheduler_steps, (std::vector<int64_t>{1, 1, 2, 3}));
+  EXPECT_EQ(lrs, (std::vector<double>{0.005, 0.005, 0.0025, 0.00125}));
+  EXPECT_DOUBLE_EQ(s.precision_hook()->scale(), 32768.0);  // the scaler did skip
+}
+
 // A later hook vetoing a step whose gradients were already unscaled must
 // close the scaler's iteration, so the next step unscales again (else the
 // next step would apply gradients 65536x too large).

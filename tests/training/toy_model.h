@@ -31,6 +31,9 @@ class ToyModelImpl : public torch::nn::Cloneable<ToyModelImpl>, public EnergyMod
   torch::nn::Module& module() override { return *this; }
   double cutoff() const override { return 4.0; }
   std::string name() const override { return "toy"; }
+  std::shared_ptr<EnergyModel> clone_model() const override {
+    return std::dynamic_pointer_cast<ToyModelImpl>(clone());
+  }
   at::Tensor a, b, c;
 
  private:

@@ -14,6 +14,7 @@
 namespace crucible {
 
 struct SchNetOptions;
+struct SchedulerConfig;
 
 /// Physical quantity a unit setting converts (selects the table of names).
 enum class UnitQuantity {
@@ -96,6 +97,7 @@ struct EmaSettings {
   double decay = 0.999;       ///< weight of the old average, in [0, 1).
   int64_t update_every = 1;   ///< update every n-th optimizer step, >= 1.
   int64_t start_step = 0;     ///< first optimizer step (1-based) that updates, >= 0.
+  bool use_for_validation = true;  ///< validate and save model.pt with the average.
 };
 
 /// `training.loss` section: weights of the loss terms.
@@ -106,10 +108,23 @@ struct LossSettings {
   bool energy_per_atom = true;  ///< energy MSE on E/N (eV²/atom²) instead of E (eV²).
 };
 
-/// `training.scheduler` section: learning-rate schedule over the whole run.
+/// `training.scheduler` section: learning-rate schedule over the whole run
+/// (crucible/training/lr_scheduler.h). Options a schedule does not use must
+/// keep their defaults (validate_config rejects them otherwise).
 struct SchedulerSettings {
-  std::string name = "cosine";   ///< "cosine" (lr → lr·final_lr_factor) or "constant".
+  /// "constant", "cosine", "step", "exponential" or "plateau".
+  std::string name = "cosine";
   double final_lr_factor = 0.01; ///< cosine: final lr / initial lr, in [0, 1].
+  int64_t step_size = 1000;      ///< step: optimizer steps between decays, >= 1.
+  double gamma = 0.5;            ///< step / exponential: decay factor, in (0, 1].
+  int64_t warmup_steps = 0;      ///< linear warmup steps (not with plateau), >= 0.
+  double warmup_start_factor = 0.1;  ///< lr at warmup step 0 / lr, in [0, 1].
+  std::string monitor = "forces_mae";  ///< plateau: validation metric.
+  double factor = 0.1;           ///< plateau: lr multiplier, in (0, 1).
+  int64_t patience = 10;         ///< plateau: validations without improvement, >= 0.
+  double threshold = 1e-4;       ///< plateau: relative improvement, >= 0.
+  int64_t cooldown = 0;          ///< plateau: validations after a reduction, >= 0.
+  double min_lr = 0.0;           ///< plateau: lower bound of the lr, >= 0.
 };
 
 /// `training` section.
@@ -165,6 +180,10 @@ Config default_config();
 /// SchNet hyperparameters of the `model` section (type must be "schnet";
 /// ranges are checked by validate_config and SchNet's constructor).
 SchNetOptions schnet_options(const ModelConfig& model);
+
+/// The `training.scheduler` section as the strategy's SchedulerConfig
+/// (t_max 0: the cosine anneal spans the run after the warmup).
+SchedulerConfig scheduler_config(const SchedulerSettings& settings);
 
 /// Every key of the schema, in documentation order.
 std::vector<ConfigKeyInfo> config_keys();

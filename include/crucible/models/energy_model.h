@@ -7,6 +7,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/nn/module.h>
 
+#include <memory>
 #include <string>
 
 namespace crucible {
@@ -26,6 +27,11 @@ class EnergyModel {
   virtual double cutoff() const = 0;
   /// Short name ("schnet").
   virtual std::string name() const = 0;
+  /// A deep copy (parameters, buffers, options) on the same device and
+  /// dtype, or null if the model cannot be copied (the default). The EMA
+  /// hook publishes its average through such a copy. Never throws for a
+  /// model that implements it.
+  virtual std::shared_ptr<EnergyModel> clone_model() const { return nullptr; }
 };
 
 /// RAII scope in which autocast is off on every device (CPU, CUDA, XPU),

@@ -55,6 +55,8 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
   torch::nn::Module& module() override { return *this; }
   double cutoff() const override { return options_.cutoff; }
   std::string name() const override { return "schnet"; }
+  /// Deep copy through torch::nn::Cloneable::clone (same device and dtype).
+  std::shared_ptr<EnergyModel> clone_model() const override;
 
   /// Per-atom learned contribution scale · y_i + shift, [N] (no E0).
   at::Tensor atomic_energies(const Batch& batch);

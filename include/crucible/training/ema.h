@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,10 @@ struct EmaOptions {
   int64_t update_every = 1;
   /// First optimizer step (1-based) that may update: >= 0. Default 0.
   int64_t start_step = 0;
+  /// After each update, copy the average into a clone of the model and
+  /// publish it as the strategy's inference model (validation then uses it
+  /// when ValidationConfig::use_ema). Default true.
+  bool publish_inference_model = true;
 };
 
 /// Keeps an exponential moving average ("shadow") of the main model's
@@ -43,11 +48,17 @@ struct EmaOptions {
 /// cannot do generically); copy_to / swap_into put it into a module for
 /// validation or export, state_dict / load_state_dict checkpoint it.
 ///
+/// Publishing (seed 002 `set_inference_model`): with
+/// options.publish_inference_model and a strategy in the context, each
+/// update also copies the average into a clone of the model
+/// (EnergyModel::clone_model, made once, parameters frozen) and calls
+/// `ctx.strategy->set_inference_model(clone)`; validation then evaluates it.
+/// A model whose clone_model() returns null makes that update throw
+/// std::logic_error naming the model.
+///
 /// Ordering: the hook runs inside the update orchestrator, after the
 /// optimizer step, so requires_update_orchestrator_before() is not needed
 /// (it is for plain hooks that observe post-step weights).
-/// Not yet done: publishing the average as the strategy's inference model
-/// for validation (seed 002) needs a strategy change.
 ///
 /// Priority update_priority::kDefault (50); no exclusive key (several
 /// averages with different decays may coexist).
@@ -63,6 +74,8 @@ class EmaHook : public TrainingUpdateHook {
 
   /// Updates the shadow from `module` now (the body of one scheduled update).
   void update(torch::nn::Module& module);
+  /// The published copy holding the average (null before the first publish).
+  std::shared_ptr<EnergyModel> inference_model() const { return inference_; }
 
   const EmaOptions& options() const { return options_; }
   /// True once the shadow exists (first update or load_state_dict).
@@ -101,6 +114,7 @@ class EmaHook : public TrainingUpdateHook {
   mutable std::vector<std::pair<std::string, at::Tensor>> buffers_;
   mutable std::map<std::string, at::Tensor> loaded_;  ///< from load_state_dict, unresolved.
   int64_t num_updates_ = 0;
+  std::shared_ptr<EnergyModel> inference_;
 };
 
 }  // namespace crucible

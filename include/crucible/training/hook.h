@@ -28,6 +28,7 @@ struct LossOutput;
 struct ModelOutputs;
 struct ValidationSummary;
 class PrecisionPlugin;
+class LrScheduler;
 
 /// What a hook sees. Pointers are non-owning and valid during the call only;
 /// null when not available at that stage (e.g. no batch at SETUP).
@@ -43,6 +44,11 @@ struct TrainContext {
   at::Tensor loss;                           ///< scalar total loss.
   const LossOutput* losses = nullptr;        ///< total and components.
   std::vector<torch::optim::Optimizer*> optimizers;
+  /// Learning-rate scheduler of each optimizer, paired by index with
+  /// `optimizers` (null = none; may be shorter). Per-step schedulers are
+  /// stepped after their optimizer's step ran (seed 001); metric-driven ones
+  /// by the strategy after validation.
+  std::vector<LrScheduler*> lr_schedulers;
   const ValidationSummary* validation = nullptr;  ///< last validation, if any.
   int64_t step_count = 0;         ///< optimizer steps taken.
   int64_t global_step_count = 0;  ///< steps × world size.

@@ -25,6 +25,9 @@ struct ValidationSummary {
   int64_t num_forces = 0;    ///< force components compared.
   int64_t num_stresses = 0;  ///< stress components compared.
   int64_t num_structures = 0;
+  /// True when the strategy evaluated its inference model (EMA weights)
+  /// rather than the live training model.
+  bool inference_model = false;
   /// Metrics by name ("energy_mae", "forces_rmse", ...), for CSV and schedulers.
   std::map<std::string, double> as_map() const;
 };

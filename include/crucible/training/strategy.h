@@ -5,6 +5,7 @@
 #include "crucible/losses/loss.h"
 #include "crucible/models/energy_model.h"
 #include "crucible/training/hook.h"
+#include "crucible/training/lr_scheduler.h"
 #include "crucible/precision/precision.h"
 #include "crucible/training/metrics.h"
 #include "crucible/training/mixed_precision_hook.h"
@@ -39,6 +40,10 @@ struct ValidationConfig {
   int64_t every_n_epochs = 1;   ///< validate after every n-th epoch; 0 = never. Default 1.
   int64_t every_n_steps = 0;    ///< validate every n optimizer steps; 0 = never. Default 0.
   int64_t batch_size = 16;      ///< Default 16.
+  /// Evaluate the inference model (EMA weights, published by an EmaHook
+  /// through set_inference_model) instead of the live model when one has
+  /// been published (seed 002 ValidationConfig.use_ema). Default true.
+  bool use_ema = true;
 };
 
 /// Everything a run needs besides the model, loss and data.
@@ -47,6 +52,12 @@ struct StrategyOptions {
   std::optional<int64_t> num_steps;
   double epoch_step_modifier = 1.0;   ///< epochs → steps multiplier (> 0). Default 1.
   OptimizerConfig optimizer;
+  /// Learning-rate scheduler of the optimizer; none = constant lr. Built
+  /// with the optimizer (make_lr_scheduler; a cosine t_max of 0 becomes the
+  /// run's step target minus the warmup). Per-step schedulers step after
+  /// every optimizer step that ran; a metric-driven one (plateau) after each
+  /// scheduled validation, with the metric it monitors.
+  std::optional<SchedulerConfig> scheduler;
   at::Device device = at::Device(at::kCPU);  ///< where model and batches live.
   at::ScalarType dtype = at::kFloat;         ///< model / batch float dtype. Default float32.
   std::optional<ValidationConfig> validation;
@@ -121,6 +132,10 @@ class TrainingStrategy {
   void train_batch(const Batch& batch);
 
   /// Runs validation now, fires AFTER_VALIDATION, returns the summary.
+  /// Evaluates inference_model() instead of the live model when one is
+  /// published and the validation config's use_ema is true (the summary's
+  /// `inference_model` says which). Does not step metric-driven schedulers
+  /// (run() does that after each scheduled validation).
   /// With a MixedPrecisionHook registered, the model is evaluated inside its
   /// inference_context() (seed 000: bf16 autocast for bf16-mixed); batches
   /// use batch_dtype().
@@ -145,6 +160,18 @@ class TrainingStrategy {
   /// The update orchestrator, or null when no update hook is registered.
   std::shared_ptr<TrainingUpdateOrchestrator> update_orchestrator() const;
   std::vector<torch::optim::Optimizer*> optimizers();
+  /// Scheduler of each optimizer (paired by index, null = none); empty
+  /// before the optimizer is built.
+  std::vector<LrScheduler*> lr_schedulers();
+
+  /// Publishes the model validation evaluates when use_ema is set (seed 002
+  /// `set_inference_model`; EmaHook publishes its averaged copy). It must
+  /// live on options().device with the live model's dtype. Null clears it.
+  void set_inference_model(std::shared_ptr<EnergyModel> model) {
+    inference_model_ = std::move(model);
+  }
+  /// The published inference model, or null.
+  std::shared_ptr<EnergyModel> inference_model() const { return inference_model_; }
   /// The registered MixedPrecisionHook (orchestrator children searched), or null.
   std::shared_ptr<MixedPrecisionHook> precision_hook() const { return precision_hook_; }
   /// The run's precision plugin: the registered MixedPrecisionHook's, else the
@@ -165,7 +192,8 @@ class TrainingStrategy {
  private:
   void run_hooks(TrainingStage stage, TrainContext& ctx);
   void install_hooks(std::vector<std::shared_ptr<Hook>> hooks);
-  void ensure_optimizer();
+  void ensure_optimizer(int64_t total_steps);
+  void validate_and_step_metric_schedulers();
   void train_batch_impl(const Batch& batch);
   void maybe_validate_after_step();
   void enter_hooks();
@@ -181,6 +209,8 @@ class TrainingStrategy {
   std::unique_ptr<PrecisionPlugin> precision_;  ///< from options.precision, or null.
   std::shared_ptr<MixedPrecisionHook> precision_hook_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<LrScheduler> scheduler_;
+  std::shared_ptr<EnergyModel> inference_model_;
   std::optional<ValidationSummary> last_validation_;
   bool has_do_backward_ = false;
   bool has_do_optimizer_step_ = false;

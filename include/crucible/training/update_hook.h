@@ -167,8 +167,9 @@ class LambdaUpdateHook : public TrainingUpdateHook {
 ///   loss, hence the gradients, unchanged.
 /// - DO_OPTIMIZER_STEP: gating as on BEFORE_BATCH; unless vetoed, the
 ///   optimizers step (through the owning child's `step_optimizers()` if one
-///   owns the step, else `step()` on each) and then the LR schedulers (none
-///   exist yet: see step_lr_schedulers in update_hook.cpp). Sets
+///   owns the step, else `step()` on each) and then `ctx.lr_schedulers` through
+///   step_lr_schedulers: only the per-step scheduler of an optimizer whose
+///   step ran (metric-driven ones never step here). Sets
 ///   `optimizer_step_skipped()` and `ctx.optimizer_step_skipped` to true if
 ///   vetoed or any owned step was skipped.
 /// - AFTER_OPTIMIZER_STEP: every child is called with will_skip =
