@@ -50,7 +50,7 @@ Row run_mode(const std::string& mode, int64_t epochs, const Config& config,
   opt.num_epochs = epochs;
   opt.optimizer.lr = tc.optimizer.lr;
   opt.precision = mode;  // model / batch dtypes and, for bf16-mixed, the hook
-  opt.scheduler = scheduler_config(tc.scheduler);  // the default recipe's cosine schedule
+  opt.optimizer.scheduler = scheduler_config(tc.scheduler);  // the default recipe's cosine schedule
   ValidationConfig vc;
   vc.data = valid_ds;
   vc.every_n_epochs = 0;  // once, after training

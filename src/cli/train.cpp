@@ -320,13 +320,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   StrategyOptions sopt;
   sopt.num_epochs = tc.num_epochs;
   sopt.num_steps = tc.num_steps;
-  sopt.optimizer.name = tc.optimizer.name;
-  sopt.optimizer.lr = tc.optimizer.lr;
-  sopt.optimizer.weight_decay = tc.optimizer.weight_decay;
-  sopt.optimizer.beta1 = tc.optimizer.beta1;
-  sopt.optimizer.beta2 = tc.optimizer.beta2;
-  sopt.optimizer.eps = tc.optimizer.eps;
-  sopt.optimizer.amsgrad = tc.optimizer.amsgrad;
+  sopt.optimizer = optimizer_config(tc);  // with its scheduler
   sopt.device = device;
   sopt.dtype = dtype;
   if (tc.precision) sopt.precision = *tc.precision;  // mixed modes: MixedPrecisionHook
@@ -339,7 +333,6 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   vc.batch_size = tc.valid_batch_size;
   vc.use_ema = tc.ema.use_for_validation;
   sopt.validation = vc;
-  sopt.scheduler = scheduler_config(tc.scheduler);
 
   DataLoaderOptions lo;
   lo.batch_size = tc.batch_size;

@@ -6,6 +6,7 @@
 #include "crucible/common/error.h"
 #include "crucible/models/schnet.h"
 #include "crucible/training/lr_scheduler.h"
+#include "crucible/training/optimizers.h"
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -279,9 +280,11 @@ std::vector<Key> build_schema() {
                "shuffling.",
                [](Config& c) -> void* { return &c.training.seed; }),
            0.0);
-  add("training.optimizer.name", Kind::kString, "", "Optimizer: adam or adamw.",
+  add("training.optimizer.name", Kind::kString, "",
+      "Optimizer (PyTorch semantics): adam, adamw, sgd, rmsprop or adagrad. Options an "
+      "optimizer does not have must keep their defaults.",
       [](Config& c) -> void* { return &c.training.optimizer.name; })
-      .choices = {"adam", "adamw"};
+      .choices = {"adam", "adamw", "sgd", "rmsprop", "adagrad"};
   min_excl(add("training.optimizer.lr", Kind::kFloat, "", "Learning rate.",
                [](Config& c) -> void* { return &c.training.optimizer.lr; }),
            0.0);
@@ -309,6 +312,40 @@ std::vector<Key> build_schema() {
            0.0);
   add("training.optimizer.amsgrad", Kind::kBool, "", "Use the AMSGrad variant of Adam.",
       [](Config& c) -> void* { return &c.training.optimizer.amsgrad; });
+  min_incl(add("training.optimizer.momentum", Kind::kFloat, "",
+               "sgd / rmsprop: momentum factor.",
+               [](Config& c) -> void* { return &c.training.optimizer.momentum; }),
+           0.0);
+  min_incl(add("training.optimizer.dampening", Kind::kFloat, "", "sgd: dampening of the momentum.",
+               [](Config& c) -> void* { return &c.training.optimizer.dampening; }),
+           0.0);
+  add("training.optimizer.nesterov", Kind::kBool, "",
+      "sgd: Nesterov momentum (needs momentum > 0 and dampening 0).",
+      [](Config& c) -> void* { return &c.training.optimizer.nesterov; });
+  {
+    Key& key = add("training.optimizer.alpha", Kind::kFloat, "",
+                   "rmsprop: smoothing constant of the squared-gradient average, in [0, 1).",
+                   [](Config& c) -> void* { return &c.training.optimizer.alpha; });
+    key.min = 0.0;
+    key.max = 1.0;
+  }
+  add("training.optimizer.centered", Kind::kBool, "",
+      "rmsprop: normalise by the centred second moment.",
+      [](Config& c) -> void* { return &c.training.optimizer.centered; });
+  min_incl(add("training.optimizer.lr_decay", Kind::kFloat, "", "adagrad: learning-rate decay.",
+               [](Config& c) -> void* { return &c.training.optimizer.lr_decay; }),
+           0.0);
+  min_incl(add("training.optimizer.initial_accumulator_value", Kind::kFloat, "",
+               "adagrad: initial value of the squared-gradient sums.",
+               [](Config& c) -> void* {
+                 return &c.training.optimizer.initial_accumulator_value;
+               }),
+           0.0);
+  add("training.optimizer.no_weight_decay", Kind::kString, "",
+      "Regular expression (searched in parameter names such as embedding.weight or "
+      "out1.bias) of parameters put in a param group with weight_decay 0, e.g. "
+      "\"embedding|bias\"; \"\" = none.",
+      [](Config& c) -> void* { return &c.training.optimizer.no_weight_decay; });
   add("training.scheduler.name", Kind::kString, "",
       "Learning-rate schedule, stepped after every optimizer step that ran: constant, cosine "
       "(anneal from lr to lr * final_lr_factor at the last step, PyTorch/NequIP "
@@ -1050,6 +1087,40 @@ void validate_config(const Config& config) {
         "stress_weight), got all 0");
   }
   {
+    // Options an optimizer does not have must keep their defaults.
+    const OptimizerSettings d;
+    const auto& o = t.optimizer;
+    struct Used {
+      const char* key;
+      bool changed;
+      std::vector<std::string> by;
+    };
+    const std::vector<Used> used = {
+        {"beta1", o.beta1 != d.beta1, {"adam", "adamw"}},
+        {"beta2", o.beta2 != d.beta2, {"adam", "adamw"}},
+        {"amsgrad", o.amsgrad != d.amsgrad, {"adam", "adamw"}},
+        {"eps", o.eps != d.eps, {"adam", "adamw", "rmsprop", "adagrad"}},
+        {"momentum", o.momentum != d.momentum, {"sgd", "rmsprop"}},
+        {"dampening", o.dampening != d.dampening, {"sgd"}},
+        {"nesterov", o.nesterov != d.nesterov, {"sgd"}},
+        {"alpha", o.alpha != d.alpha, {"rmsprop"}},
+        {"centered", o.centered != d.centered, {"rmsprop"}},
+        {"lr_decay", o.lr_decay != d.lr_decay, {"adagrad"}},
+        {"initial_accumulator_value", o.initial_accumulator_value != d.initial_accumulator_value,
+         {"adagrad"}},
+    };
+    for (const auto& u : used) {
+      if (!u.changed || std::find(u.by.begin(), u.by.end(), o.name) != u.by.end()) continue;
+      std::string names;
+      for (const auto& n : u.by) names += (names.empty() ? "" : ", ") + n;
+      throw ConfigError("training.optimizer." + std::string(u.key) + " is an option of " + names +
+                        " only; it must keep its default with training.optimizer.name = " +
+                        o.name);
+    }
+    // The strategy's own checks (nesterov rule, regex syntax), named by key.
+    check_optimizer_config(optimizer_config(t), "training.optimizer");
+  }
+  {
     // Options a schedule does not use must keep their defaults.
     const SchedulerSettings d;
     const auto& sc = t.scheduler;
@@ -1207,6 +1278,38 @@ SchedulerConfig scheduler_config(const SchedulerSettings& settings) {
   c.plateau.threshold = settings.threshold;
   c.plateau.cooldown = settings.cooldown;
   c.plateau.min_lr = settings.min_lr;
+  return c;
+}
+
+OptimizerConfig optimizer_config(const TrainingConfig& training) {
+  const auto& o = training.optimizer;
+  OptimizerConfig c;
+  c.name = o.name;
+  c.lr = o.lr;
+  c.weight_decay = o.weight_decay;
+  if (o.name == "adam" || o.name == "adamw") {
+    c.beta1 = o.beta1;
+    c.beta2 = o.beta2;
+    c.eps = o.eps;
+    c.amsgrad = o.amsgrad;
+  } else if (o.name == "sgd") {
+    c.momentum = o.momentum;
+    c.dampening = o.dampening;
+    c.nesterov = o.nesterov;
+  } else if (o.name == "rmsprop") {
+    c.eps = o.eps;
+    c.alpha = o.alpha;
+    c.momentum = o.momentum;
+    c.centered = o.centered;
+  } else if (o.name == "adagrad") {
+    c.eps = o.eps;
+    c.lr_decay = o.lr_decay;
+    c.initial_accumulator_value = o.initial_accumulator_value;
+  }
+  if (!o.no_weight_decay.empty()) {
+    c.param_groups.push_back(ParamGroupConfig{o.no_weight_decay, {{"weight_decay", 0.0}}});
+  }
+  c.scheduler = scheduler_config(training.scheduler);
   return c;
 }
 

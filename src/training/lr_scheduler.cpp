@@ -3,6 +3,7 @@
 #include "crucible/common/error.h"
 
 #include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -248,6 +249,15 @@ void step_lr_schedulers(const std::vector<LrScheduler*>& schedulers,
 }
 
 // ---------------------------------------------------------------- factory
+
+void check_scheduler_config(const SchedulerConfig& config, const std::string& path) {
+  torch::optim::SGD probe(std::vector<at::Tensor>{at::zeros({1})}, torch::optim::SGDOptions(1.0));
+  try {
+    (void)make_lr_scheduler(config, probe, 1);
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+}
 
 std::unique_ptr<LrScheduler> make_lr_scheduler(const SchedulerConfig& config,
                                                torch::optim::Optimizer& optimizer,

@@ -2,33 +2,16 @@
 
 #include "crucible/common/error.h"
 
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
+#include <torch/optim/optimizer.h>
 
 #include <cmath>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 
 namespace crucible {
 
 namespace {
-
-void check_optimizer_config(const OptimizerConfig& c) {
-  auto bad = [](const std::string& key, const std::string& expected, double got) {
-    std::ostringstream os;
-    os << "training.optimizer." << key << " must be " << expected << ", got " << got;
-    throw ConfigError(os.str());
-  };
-  if (c.name != "adam" && c.name != "adamw") {
-    throw ConfigError("training.optimizer.name must be one of adam, adamw, got '" + c.name + "'");
-  }
-  if (!(c.lr > 0.0) || !std::isfinite(c.lr)) bad("lr", "a finite number > 0", c.lr);
-  if (!(c.weight_decay >= 0.0)) bad("weight_decay", ">= 0", c.weight_decay);
-  if (!(c.beta1 >= 0.0 && c.beta1 < 1.0)) bad("beta1", "in [0, 1)", c.beta1);
-  if (!(c.beta2 >= 0.0 && c.beta2 < 1.0)) bad("beta2", "in [0, 1)", c.beta2);
-  if (!(c.eps > 0.0)) bad("eps", "> 0", c.eps);
-}
 
 LossOutput detach_losses(const LossOutput& in) {
   LossOutput out;
@@ -51,11 +34,26 @@ ModelOutputs detach_outputs(const ModelOutputs& in) {
 TrainingStrategy::TrainingStrategy(std::shared_ptr<EnergyModel> model, StrategyOptions options,
                                    WeightedSumLoss loss, std::vector<std::shared_ptr<Hook>> hooks,
                                    TrainingFn training_fn)
-    : model_(std::move(model)),
+    : TrainingStrategy(
+          std::map<std::string, std::shared_ptr<EnergyModel>>{{"main", model}}, std::move(options),
+          std::move(loss), std::move(hooks),
+          training_fn ? NamedTrainingFn([fn = std::move(training_fn), model](
+                                            const std::map<std::string, EnergyModel*>&,
+                                            const Batch& b) { return fn(*model, b); })
+                      : NamedTrainingFn{}) {}
+
+TrainingStrategy::TrainingStrategy(std::map<std::string, std::shared_ptr<EnergyModel>> models,
+                                   StrategyOptions options, WeightedSumLoss loss,
+                                   std::vector<std::shared_ptr<Hook>> hooks,
+                                   NamedTrainingFn training_fn)
+    : models_(std::move(models)),
       options_(std::move(options)),
       loss_(std::move(loss)),
       training_fn_(std::move(training_fn)) {
-  if (!model_) throw ConfigError("model must be set, got null");
+  if (models_.empty()) throw ConfigError("models must contain at least one model, got none");
+  for (const auto& [name, m] : models_) {
+    if (!m) throw ConfigError("model '" + name + "' must be set, got null");
+  }
   const bool have_epochs = options_.num_epochs.has_value();
   const bool have_steps = options_.num_steps.has_value();
   if (have_epochs == have_steps) {
@@ -76,7 +74,6 @@ TrainingStrategy::TrainingStrategy(std::shared_ptr<EnergyModel> model, StrategyO
                       std::to_string(options_.epoch_step_modifier));
   }
   if (loss_.empty()) throw ConfigError("loss must have at least one term with a weight, got none");
-  check_optimizer_config(options_.optimizer);
   if (options_.validation) {
     const auto& v = *options_.validation;
     if (!v.data || v.data->size() == 0) {
@@ -86,50 +83,127 @@ TrainingStrategy::TrainingStrategy(std::shared_ptr<EnergyModel> model, StrategyO
       throw ConfigError("validation.every_n_epochs and every_n_steps must be >= 0");
     }
   }
-  if (options_.scheduler) {
-    // Check the scheduler options now, before any training (seed 002).
-    torch::optim::SGD probe(std::vector<at::Tensor>{at::zeros({1})}, torch::optim::SGDOptions(1.0));
-    try {
-      (void)make_lr_scheduler(*options_.scheduler, probe, 1);
-    } catch (const ConfigError& e) {
-      throw ConfigError(std::string("training.scheduler: ") + e.what());
-    }
-    if (options_.scheduler->name == "plateau") {
-      if (!options_.validation) {
-        throw ConfigError("training.scheduler: the plateau scheduler steps on a validation "
-                          "metric and needs a validation config, got none");
-      }
-      std::string key = options_.scheduler->plateau.monitor;
-      if (key.rfind("val/", 0) == 0) key = key.substr(4);
-      const auto metrics = ValidationSummary{}.as_map();
-      if (metrics.count(key) == 0) {
-        std::string known;
-        for (const auto& [k, v] : metrics) known += (known.empty() ? "" : ", ") + k;
-        throw ConfigError("training.scheduler.monitor must be a validation metric (" + known +
-                          "), optionally prefixed with val/, got '" +
-                          options_.scheduler->plateau.monitor + "'");
-      }
-    }
-  }
+  check_configs();
   if (!training_fn_) {
     const bool forces = loss_.needs_forces();
     const bool stress = loss_.needs_stress();
-    training_fn_ = [forces, stress](EnergyModel& m, const Batch& b) {
+    EnergyModel* primary = model_.get();
+    training_fn_ = [forces, stress, primary](const std::map<std::string, EnergyModel*>&,
+                                             const Batch& b) {
       ComputeOptions co;
       co.forces = forces;
       co.stress = stress && b.has_stress.any().item<bool>();
       co.training = true;
-      return compute_outputs(m, b, co);
+      return compute_outputs(*primary, b, co);
     };
   }
   if (!options_.precision.empty()) {
     precision_ = make_precision_plugin(options_.precision);  // ConfigError on a bad mode
-    model_->module().to(options_.device);
-    precision_->convert_module(model_->module());
-  } else {
-    model_->module().to(options_.device, options_.dtype);
+  }
+  for (auto& [name, m] : models_) {
+    if (precision_) {
+      m->module().to(options_.device);
+      precision_->convert_module(m->module());
+    } else {
+      m->module().to(options_.device, options_.dtype);
+    }
   }
   install_hooks(std::move(hooks));
+}
+
+void TrainingStrategy::check_configs() {
+  entries_.clear();
+  if (options_.optimizer_configs.empty()) {
+    if (models_.count("main") == 0) {
+      std::string names;
+      for (const auto& [n, m] : models_) names += (names.empty() ? "" : ", ") + n;
+      throw ConfigError("optimizer_configs must name the models to train when there is no model "
+                        "'main', got none (models: " + names + ")");
+    }
+    entries_.push_back({"main", options_.optimizer, "training.optimizer", "training.scheduler"});
+  } else {
+    for (const auto& [name, configs] : options_.optimizer_configs) {
+      if (models_.count(name) == 0) {
+        std::string names;
+        for (const auto& [n, m] : models_) names += (names.empty() ? "" : ", ") + n;
+        throw ConfigError("optimizer_configs key '" + name + "' must name a model (" + names +
+                          "), got no such model");
+      }
+      if (configs.empty()) {
+        throw ConfigError("optimizer_configs." + name +
+                          " must contain at least one optimizer config, got none");
+      }
+      for (size_t i = 0; i < configs.size(); ++i) {
+        const std::string path = "optimizer_configs." + name + "[" + std::to_string(i) + "]";
+        entries_.push_back({name, configs[i], path, path + ".scheduler"});
+      }
+    }
+  }
+  for (const auto& e : entries_) {
+    check_optimizer_config(e.config, e.path);
+    if (!e.config.scheduler) continue;
+    check_scheduler_config(*e.config.scheduler, e.scheduler_path);
+    if (e.config.scheduler->name != "plateau") continue;
+    if (!options_.validation) {
+      throw ConfigError(e.scheduler_path + ": the plateau scheduler steps on a validation "
+                        "metric and needs a validation config, got none");
+    }
+    std::string key = e.config.scheduler->plateau.monitor;
+    if (key.rfind("val/", 0) == 0) key = key.substr(4);
+    const auto metrics = ValidationSummary{}.as_map();
+    if (metrics.count(key) == 0) {
+      std::string known;
+      for (const auto& [k, v] : metrics) known += (known.empty() ? "" : ", ") + k;
+      throw ConfigError(e.scheduler_path + ".monitor must be a validation metric (" + known +
+                        "), optionally prefixed with val/, got '" +
+                        e.config.scheduler->plateau.monitor + "'");
+    }
+  }
+  // Primary model: "main", else the first configured one.
+  auto main = models_.find("main");
+  model_ = main != models_.end() ? main->second : models_.at(entries_.front().model);
+}
+
+/// Applies the run-time parameter state (seed 002 `_apply_requires_grad_filter`,
+/// `freeze_unconfigured_models`) and restores the saved one on destruction.
+class TrainingStrategy::RunScope {
+ public:
+  explicit RunScope(TrainingStrategy& s) {
+    std::set<std::string> configured;
+    for (const auto& e : s.entries_) configured.insert(e.model);
+    for (auto& [name, m] : s.models_) {
+      torch::nn::Module& mod = m->module();
+      modes_.emplace_back(&mod, mod.is_training());
+      const bool frozen = configured.count(name) == 0;
+      if (frozen) mod.eval();
+      for (auto& item : mod.named_parameters(true)) {
+        at::Tensor p = item.value();
+        const std::string q = name + "." + item.key();
+        flags_.emplace_back(p, p.requires_grad());
+        bool want = p.requires_grad();
+        if (frozen) want = false;
+        if (s.trainable_filter_ && s.trainable_filter_->count(q) == 0) want = false;
+        if (s.force_trainable_filter_ && s.force_trainable_filter_->count(q) > 0) want = true;
+        if (want != p.requires_grad()) p.requires_grad_(want);
+      }
+    }
+  }
+  ~RunScope() {
+    for (auto& [p, flag] : flags_) {
+      if (p.requires_grad() != flag) p.requires_grad_(flag);
+    }
+    for (auto& [mod, training] : modes_) mod->train(training);
+  }
+  RunScope(const RunScope&) = delete;
+  RunScope& operator=(const RunScope&) = delete;
+
+ private:
+  std::vector<std::pair<at::Tensor, bool>> flags_;
+  std::vector<std::pair<torch::nn::Module*, bool>> modes_;
+};
+
+void TrainingStrategy::set_configured_models_training() {
+  for (const auto& e : entries_) models_.at(e.model)->module().train(true);
 }
 
 TrainingStrategy::~TrainingStrategy() = default;
@@ -205,40 +279,47 @@ std::shared_ptr<TrainingUpdateOrchestrator> TrainingStrategy::update_orchestrato
 }
 
 std::vector<torch::optim::Optimizer*> TrainingStrategy::optimizers() {
-  if (!optimizer_) return {};
-  return {optimizer_.get()};
+  std::vector<torch::optim::Optimizer*> out;
+  for (auto& o : optimizers_) out.push_back(o.get());
+  return out;
 }
 
 std::vector<LrScheduler*> TrainingStrategy::lr_schedulers() {
-  if (!optimizer_) return {};
-  return {scheduler_.get()};
+  std::vector<LrScheduler*> out;
+  for (auto& s : schedulers_) out.push_back(s.get());
+  return out;
 }
 
 void TrainingStrategy::ensure_optimizer(int64_t total_steps) {
-  if (optimizer_) return;
-  std::vector<at::Tensor> params;
-  for (auto& p : model_->module().parameters()) {
-    if (p.requires_grad()) params.push_back(p);
-  }
-  if (params.empty()) throw ConfigError("model has no trainable parameters");
-  const auto& c = options_.optimizer;
-  if (c.name == "adamw") {
-    torch::optim::AdamWOptions o(c.lr);
-    o.betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay).amsgrad(c.amsgrad);
-    optimizer_ = std::make_unique<torch::optim::AdamW>(params, o);
-  } else {
-    torch::optim::AdamOptions o(c.lr);
-    o.betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay).amsgrad(c.amsgrad);
-    optimizer_ = std::make_unique<torch::optim::Adam>(params, o);
-  }
-  if (options_.scheduler) {
-    try {
-      scheduler_ = make_lr_scheduler(*options_.scheduler, *optimizer_, total_steps);
-    } catch (const ConfigError& e) {
-      optimizer_.reset();
-      throw ConfigError(std::string("training.scheduler: ") + e.what());
+  if (!optimizers_.empty()) return;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers;
+  std::vector<std::unique_ptr<LrScheduler>> schedulers;
+  std::map<std::string, std::set<std::string>> taken;  // model → parameter names
+  for (const auto& e : entries_) {
+    std::optional<std::regex> select;
+    if (!e.config.params.empty()) select = std::regex(e.config.params, std::regex::ECMAScript);
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    for (auto& item : models_.at(e.model)->module().named_parameters(true)) {
+      const std::string& n = item.key();
+      if (!item.value().requires_grad() || taken[e.model].count(n) > 0) continue;
+      if (optimizer_filter_ && optimizer_filter_->count(e.model + "." + n) == 0) continue;
+      if (select && !std::regex_search(n, *select)) continue;
+      params.emplace_back(n, item.value());
+      taken[e.model].insert(n);
     }
+    optimizers.push_back(make_optimizer(e.config, params, e.path));
+    std::unique_ptr<LrScheduler> sched;
+    if (e.config.scheduler) {
+      try {
+        sched = make_lr_scheduler(*e.config.scheduler, *optimizers.back(), total_steps);
+      } catch (const ConfigError& err) {
+        throw ConfigError(e.scheduler_path + ": " + err.what());
+      }
+    }
+    schedulers.push_back(std::move(sched));
   }
+  optimizers_ = std::move(optimizers);
+  schedulers_ = std::move(schedulers);
 }
 
 PrecisionPlugin* TrainingStrategy::precision_plugin() const {
@@ -270,6 +351,7 @@ TrainContext TrainingStrategy::make_context(const Batch* batch) {
   ctx.strategy = this;
   ctx.batch = batch;
   ctx.model = model_.get();
+  for (auto& [name, m] : models_) ctx.models[name] = m.get();
   ctx.optimizers = optimizers();
   ctx.lr_schedulers = lr_schedulers();
   ctx.precision = precision_plugin();
@@ -300,10 +382,11 @@ void TrainingStrategy::exit_hooks(bool failed) {
 
 void TrainingStrategy::train_batch(const Batch& batch) {
   ensure_precision_hook();
+  RunScope scope(*this);
   enter_hooks();
   try {
     ensure_optimizer(options_.num_steps.value_or(0));
-    model_->module().train(true);
+    set_configured_models_training();
     train_batch_impl(batch.to(options_.device, batch_dtype()));
   } catch (...) {
     exit_hooks(true);
@@ -315,9 +398,11 @@ void TrainingStrategy::train_batch(const Batch& batch) {
 void TrainingStrategy::train_batch_impl(const Batch& batch) {
   TrainContext ctx = make_context(&batch);
   run_hooks(TrainingStage::BEFORE_BATCH, ctx);
-  if (!has_do_optimizer_step_) optimizer_->zero_grad();
+  if (!has_do_optimizer_step_) {
+    for (auto& o : optimizers_) o->zero_grad();
+  }
   run_hooks(TrainingStage::BEFORE_FORWARD, ctx);
-  ModelOutputs predictions = training_fn_(*model_, batch);
+  ModelOutputs predictions = training_fn_(ctx.models, batch);
   ctx.predictions = &predictions;
   run_hooks(TrainingStage::AFTER_FORWARD, ctx);
   run_hooks(TrainingStage::BEFORE_LOSS, ctx);
@@ -347,7 +432,7 @@ void TrainingStrategy::train_batch_impl(const Batch& batch) {
     run_hooks(TrainingStage::DO_OPTIMIZER_STEP, ctx);
     step_ran = !ctx.optimizer_step_skipped;
   } else {
-    optimizer_->step();
+    for (auto& o : optimizers_) o->step();
     step_lr_schedulers(ctx.lr_schedulers);
   }
   optimizer_step_skipped_ = !step_ran;
@@ -386,18 +471,13 @@ void TrainingStrategy::maybe_validate_after_step() {
 
 void TrainingStrategy::validate_and_step_metric_schedulers() {
   const ValidationSummary summary = validate();
-  if (!scheduler_ || !scheduler_->metric_driven()) return;
   const auto metrics = summary.as_map();
-  std::string key = scheduler_->monitor();
-  if (key.rfind("val/", 0) == 0) key = key.substr(4);
-  auto it = metrics.find(key);
-  if (it == metrics.end()) {
-    std::string known;
-    for (const auto& [k, v] : metrics) known += (known.empty() ? "" : ", ") + k;
-    throw ConfigError("training.scheduler.monitor must be a validation metric (" + known +
-                      "), got '" + scheduler_->monitor() + "'");
+  for (auto& sched : schedulers_) {
+    if (!sched || !sched->metric_driven()) continue;
+    std::string key = sched->monitor();
+    if (key.rfind("val/", 0) == 0) key = key.substr(4);
+    sched->step(metrics.at(key));  // the key was checked at construction
   }
-  scheduler_->step(it->second);
 }
 
 ValidationSummary TrainingStrategy::validate() {
@@ -425,6 +505,7 @@ ValidationSummary TrainingStrategy::validate() {
 
 void TrainingStrategy::run(DataLoader& loader) {
   ensure_precision_hook();
+  RunScope scope(*this);
   enter_hooks();
   try {
     TrainContext setup_ctx = make_context(nullptr);
@@ -446,7 +527,7 @@ void TrainingStrategy::run(DataLoader& loader) {
       }
       batch_count = std::max(batch_count, expected);
       ensure_optimizer(target);
-      model_->module().train(true);
+      set_configured_models_training();
       bool started = false;
       while (step_count < target) {
         loader.set_epoch(epoch_count);
@@ -465,7 +546,7 @@ void TrainingStrategy::run(DataLoader& loader) {
           if (epoch_step_count == 0) run_hooks(TrainingStage::BEFORE_EPOCH, ctx);
           train_batch_impl(batch);
           maybe_validate_after_step();
-          model_->module().train(true);
+          set_configured_models_training();
           processed = true;
           if (epoch_step_count >= batches_per_epoch) {
             epoch_done = true;
@@ -483,7 +564,7 @@ void TrainingStrategy::run(DataLoader& loader) {
           TrainContext ctx = make_context(nullptr);
           run_hooks(TrainingStage::AFTER_EPOCH, ctx);
           if (validation_due_after_epoch()) validate_and_step_metric_schedulers();
-          model_->module().train(true);
+          set_configured_models_training();
         }
       }
       TrainContext end_ctx = make_context(nullptr);

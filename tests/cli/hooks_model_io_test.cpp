@@ -77,7 +77,7 @@ TEST(Hooks, ScheduleClipAndReportsInARealRun) {
   SchedulerConfig cosine;  // what `crucible train` configures by default
   cosine.name = "cosine";
   cosine.final_lr_factor = 0.1;
-  so.scheduler = cosine;
+  so.optimizer.scheduler = cosine;
   ValidationConfig vc;
   vc.data = valid_ds;
   vc.every_n_epochs = 2;  // epochs 2 only; epoch 3 gets the final validation

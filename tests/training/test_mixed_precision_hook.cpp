@@ -182,7 +182,7 @@ TEST(MixedPrecisionHook, SchedulerIsNotSteppedWhenTheScalerSkipsTheStep) {
   sc.name = "step";
   sc.step_size = 1;
   sc.gamma = 0.5;
-  o.scheduler = sc;
+  o.optimizer.scheduler = sc;
   TrainingStrategy s(model.ptr(), o, energy_forces_loss());
   s.register_hook(std::make_shared<LambdaHook>(
       "plant_inf", std::set<TrainingStage>{TrainingStage::AFTER_BACKWARD},

@@ -165,8 +165,14 @@ TEST(TrainingStrategy, RejectsBadOptimizerOptions) {
     EXPECT_STREQ(e.what(), "training.optimizer.lr must be a finite number > 0, got -1");
   }
   o.optimizer.lr = 1e-3;
-  o.optimizer.name = "adagrad";
-  EXPECT_THROW(TrainingStrategy(ToyModel().ptr(), o, energy_forces_loss()), ConfigError);
+  o.optimizer.name = "adagard";
+  try {
+    TrainingStrategy s(ToyModel().ptr(), o, energy_forces_loss());
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "training.optimizer.name must be one of adam, adamw, sgd, rmsprop, "
+                           "adagrad, got 'adagard'");
+  }
 }
 
 TEST(TrainingStrategy, HooksEnteredInOrderAndExitedInReverseAlsoOnThrow) {

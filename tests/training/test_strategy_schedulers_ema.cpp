@@ -44,7 +44,7 @@ TEST(StrategySchedulers, PerStepSchedulerStepsOnlyWhenTheOptimizerStepped) {
     SchedulerConfig sc;
     sc.name = "exponential";
     sc.gamma = 0.5;
-    o.scheduler = sc;
+    o.optimizer.scheduler = sc;
     if (accumulate) o.epoch_step_modifier = 0.5;  // 4 batches = 2 optimizer steps
     TrainingStrategy s(model.ptr(), o, energy_forces_loss());
     if (accumulate) s.register_hook(std::make_shared<GradientAccumulationHook>(2));
@@ -84,7 +84,7 @@ TEST(StrategySchedulers, PlateauStepsAfterEachScheduledValidationWithItsMetric) 
   sc.plateau.patience = 0;
   sc.plateau.threshold = 0.0;
   sc.plateau.factor = 0.5;
-  o.scheduler = sc;
+  o.optimizer.scheduler = sc;
   TrainingStrategy s(model.ptr(), o, energy_forces_loss());
   // An update orchestrator is present: it must not step the metric-driven scheduler.
   s.register_update_hook(std::make_shared<LambdaUpdateHook>(
@@ -128,17 +128,17 @@ TEST(StrategySchedulers, BadSchedulerConfigFailsAtConstruction) {
   StrategyOptions o = epochs_options(1);
   SchedulerConfig sc;
   sc.name = "plateau";
-  o.scheduler = sc;
+  o.optimizer.scheduler = sc;
   EXPECT_EQ(message(o), "training.scheduler: the plateau scheduler steps on a validation metric "
                         "and needs a validation config, got none");
   o.validation = ValidationConfig{toy_dataset(2), 1, 0, 16};
-  o.scheduler->plateau.monitor = "force_mae";
+  o.optimizer.scheduler->plateau.monitor = "force_mae";
   EXPECT_EQ(message(o),
             "training.scheduler.monitor must be a validation metric (energy_mae, energy_rmse, "
             "forces_mae, forces_rmse, stress_mae, stress_rmse, zero_forces_mae), optionally "
             "prefixed with val/, got 'force_mae'");
-  o.scheduler->name = "step";
-  o.scheduler->step_size = 0;
+  o.optimizer.scheduler->name = "step";
+  o.optimizer.scheduler->step_size = 0;
   EXPECT_EQ(message(o), "training.scheduler: `step_size` must be >= 1, got 0");
 }
 

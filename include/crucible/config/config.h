@@ -15,6 +15,7 @@ namespace crucible {
 
 struct SchNetOptions;
 struct SchedulerConfig;
+struct OptimizerConfig;
 
 /// Physical quantity a unit setting converts (selects the table of names).
 enum class UnitQuantity {
@@ -72,14 +73,26 @@ struct ModelConfig {
 };
 
 /// `training.optimizer` section.
+/// Options an optimizer does not have must keep their defaults
+/// (validate_config rejects them otherwise).
 struct OptimizerSettings {
-  std::string name = "adam";  ///< "adam" or "adamw".
+  std::string name = "adam";  ///< adam, adamw, sgd, rmsprop or adagrad.
   double lr = 5e-3;           ///< learning rate, > 0.
-  double weight_decay = 0.0;  ///< >= 0 (L2 for adam, decoupled for adamw).
-  double beta1 = 0.9;         ///< in [0, 1).
-  double beta2 = 0.999;       ///< in [0, 1).
-  double eps = 1e-8;          ///< > 0.
-  bool amsgrad = false;
+  double weight_decay = 0.0;  ///< >= 0 (L2; decoupled for adamw).
+  double beta1 = 0.9;         ///< adam/adamw, in [0, 1).
+  double beta2 = 0.999;       ///< adam/adamw, in [0, 1).
+  double eps = 1e-8;          ///< adam/adamw/rmsprop/adagrad, > 0.
+  bool amsgrad = false;       ///< adam/adamw.
+  double momentum = 0.0;      ///< sgd/rmsprop, >= 0.
+  double dampening = 0.0;     ///< sgd, >= 0.
+  bool nesterov = false;      ///< sgd.
+  double alpha = 0.99;        ///< rmsprop, in [0, 1).
+  bool centered = false;      ///< rmsprop.
+  double lr_decay = 0.0;      ///< adagrad, >= 0.
+  double initial_accumulator_value = 0.0;  ///< adagrad, >= 0.
+  /// Regex of parameter names that get weight_decay 0 (a param group; e.g.
+  /// "embedding|bias"); "" = none.
+  std::string no_weight_decay;
 };
 
 /// `training.spike_skipping` section: SpikeSkippingHook (skip the optimizer
@@ -180,6 +193,11 @@ Config default_config();
 /// SchNet hyperparameters of the `model` section (type must be "schnet";
 /// ranges are checked by validate_config and SchNet's constructor).
 SchNetOptions schnet_options(const ModelConfig& model);
+
+/// The `training.optimizer` and `training.scheduler` sections as the
+/// strategy's OptimizerConfig: only the options of the chosen optimizer are
+/// set; `no_weight_decay` becomes a param group with weight_decay 0.
+OptimizerConfig optimizer_config(const TrainingConfig& training);
 
 /// The `training.scheduler` section as the strategy's SchedulerConfig
 /// (t_max 0: the cosine anneal spans the run after the warmup).

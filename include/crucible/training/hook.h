@@ -39,7 +39,9 @@ class LrScheduler;
 struct TrainContext {
   TrainingStrategy* strategy = nullptr;
   const Batch* batch = nullptr;
-  EnergyModel* model = nullptr;              ///< the "main" model.
+  EnergyModel* model = nullptr;              ///< the primary ("main") model.
+  /// Every model of the strategy by name (a single model is "main").
+  std::map<std::string, EnergyModel*> models;
   const ModelOutputs* predictions = nullptr; ///< from AFTER_FORWARD on.
   at::Tensor loss;                           ///< scalar total loss.
   const LossOutput* losses = nullptr;        ///< total and components.

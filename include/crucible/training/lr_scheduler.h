@@ -214,6 +214,10 @@ struct SchedulerConfig {
   PlateauOptions plateau;         ///< plateau only.
 };
 
+/// Checks `config` without an optimizer (builds it on a throwaway one).
+/// @throws ConfigError "<path>: <what>" as make_lr_scheduler would.
+void check_scheduler_config(const SchedulerConfig& config, const std::string& path);
+
 /// Builds the scheduler `config` names for `optimizer`; `total_steps` is the
 /// run's optimizer-step target (used for the cosine T_max when 0).
 /// @throws ConfigError for an unknown name (listing the known

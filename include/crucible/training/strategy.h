@@ -6,6 +6,7 @@
 #include "crucible/models/energy_model.h"
 #include "crucible/training/hook.h"
 #include "crucible/training/lr_scheduler.h"
+#include "crucible/training/optimizers.h"
 #include "crucible/precision/precision.h"
 #include "crucible/training/metrics.h"
 #include "crucible/training/mixed_precision_hook.h"
@@ -16,23 +17,14 @@
 #include <torch/optim/optimizer.h>
 
 #include <functional>
+#include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace crucible {
-
-/// Optimizer by name with its options (defaults as PyTorch's).
-struct OptimizerConfig {
-  std::string name = "adam";   ///< "adam" or "adamw". Default "adam".
-  double lr = 1e-3;            ///< learning rate, > 0. Default 1e-3.
-  double weight_decay = 0.0;   ///< L2 (adam) / decoupled (adamw), >= 0. Default 0 (adamw: 1e-2 in PyTorch; set explicitly).
-  double beta1 = 0.9;          ///< Default 0.9.
-  double beta2 = 0.999;        ///< Default 0.999.
-  double eps = 1e-8;           ///< Default 1e-8.
-  bool amsgrad = false;        ///< Default false.
-};
 
 /// When validation runs and on what data.
 struct ValidationConfig {
@@ -51,13 +43,22 @@ struct StrategyOptions {
   std::optional<int64_t> num_epochs;  ///< exactly one of num_epochs / num_steps.
   std::optional<int64_t> num_steps;
   double epoch_step_modifier = 1.0;   ///< epochs → steps multiplier (> 0). Default 1.
+  /// The optimizer (with its scheduler) of the model "main" when
+  /// `optimizer_configs` is empty; messages name it "training.optimizer"
+  /// and its scheduler "training.scheduler".
   OptimizerConfig optimizer;
-  /// Learning-rate scheduler of the optimizer; none = constant lr. Built
-  /// with the optimizer (make_lr_scheduler; a cosine t_max of 0 becomes the
-  /// run's step target minus the warmup). Per-step schedulers step after
-  /// every optimizer step that ran; a metric-driven one (plateau) after each
-  /// scheduled validation, with the metric it monitors.
-  std::optional<SchedulerConfig> scheduler;
+  /// Optimizers by model name (seed 002 `optimizer_configs`), each list
+  /// non-empty; models without an entry are frozen (eval mode,
+  /// requires_grad false) during run() / train_batch() and restored after.
+  /// Messages name an entry "optimizer_configs.<model>[<i>]". Empty = use
+  /// `optimizer` for "main".
+  ///
+  /// Schedulers (OptimizerConfig::scheduler) are built with their optimizer
+  /// (a cosine t_max of 0 becomes the run's step target minus the warmup).
+  /// Per-step schedulers step after every step of their optimizer that ran;
+  /// a metric-driven one (plateau) after each scheduled validation, with
+  /// the metric it monitors.
+  std::map<std::string, std::vector<OptimizerConfig>> optimizer_configs;
   at::Device device = at::Device(at::kCPU);  ///< where model and batches live.
   at::ScalarType dtype = at::kFloat;         ///< model / batch float dtype. Default float32.
   std::optional<ValidationConfig> validation;
@@ -78,6 +79,12 @@ struct StrategyOptions {
 /// with `training = true` (create_graph).
 using TrainingFn = std::function<ModelOutputs(EnergyModel& model, const Batch& batch)>;
 
+/// Forward pass of a named-model strategy (seed 002): every model by name
+/// (frozen ones included; run their forward under at::NoGradGuard or detach
+/// unless gradients through them are wanted), batch in, predictions out.
+using NamedTrainingFn =
+    std::function<ModelOutputs(const std::map<std::string, EnergyModel*>& models, const Batch& batch)>;
+
 /// The supervised training loop.
 ///
 /// Counters (seed 002): `step_count` advances when the optimizer step ran,
@@ -96,6 +103,18 @@ class TrainingStrategy {
   TrainingStrategy(std::shared_ptr<EnergyModel> model, StrategyOptions options,
                    WeightedSumLoss loss, std::vector<std::shared_ptr<Hook>> hooks = {},
                    TrainingFn training_fn = {});
+  /// Named models (seed 002: distillation, auxiliary models). The primary
+  /// model (model(); validated, EMA-averaged, `ctx.model`) is "main" if
+  /// present, else the first model (by name) with an optimizer config.
+  /// Every model moves to options.device (one shared device).
+  /// `training_fn` empty: the default forward on the primary model.
+  /// @throws ConfigError as the single-model constructor, and for no models,
+  ///   a null model, an optimizer_configs key that names no model (listing
+  ///   the models), an empty config list, or no optimizer config at all.
+  TrainingStrategy(std::map<std::string, std::shared_ptr<EnergyModel>> models,
+                   StrategyOptions options, WeightedSumLoss loss,
+                   std::vector<std::shared_ptr<Hook>> hooks = {},
+                   NamedTrainingFn training_fn = {});
   ~TrainingStrategy();
 
   /// Registers a hook: a plain Hook, a bare TrainingUpdateHook, or a
@@ -148,8 +167,30 @@ class TrainingStrategy {
   /// True if validation is due after the epoch that just completed.
   bool validation_due_after_epoch() const;
 
+  /// The primary model (see the named-model constructor).
   EnergyModel& model() { return *model_; }
   std::shared_ptr<EnergyModel> model_ptr() const { return model_; }
+  /// Every model by name (a single model is "main").
+  const std::map<std::string, std::shared_ptr<EnergyModel>>& models() const { return models_; }
+
+  /// Parameter filters (seed 002), by qualified name "<model>.<parameter>"
+  /// (e.g. "main.embedding.weight"); std::nullopt clears a filter. Applied
+  /// for the duration of run() / train_batch() and undone after it, also
+  /// when it throws:
+  ///  - optimizer filter: only these parameters are given to optimizers
+  ///    (read when the optimizers are built, at the first run/train_batch);
+  ///  - trainable filter: parameters outside it get requires_grad false;
+  ///  - force-trainable filter: these get requires_grad true (wins over the
+  ///    trainable filter and over the freezing of unconfigured models).
+  void set_optimizer_parameter_filter(std::optional<std::set<std::string>> names) {
+    optimizer_filter_ = std::move(names);
+  }
+  void set_trainable_parameter_filter(std::optional<std::set<std::string>> names) {
+    trainable_filter_ = std::move(names);
+  }
+  void set_force_trainable_parameter_filter(std::optional<std::set<std::string>> names) {
+    force_trainable_filter_ = std::move(names);
+  }
   const StrategyOptions& options() const { return options_; }
   /// Top-level hooks in dispatch order (update hooks appear as their orchestrator).
   const std::vector<std::shared_ptr<Hook>>& hooks() const { return hooks_; }
@@ -192,7 +233,10 @@ class TrainingStrategy {
  private:
   void run_hooks(TrainingStage stage, TrainContext& ctx);
   void install_hooks(std::vector<std::shared_ptr<Hook>> hooks);
+  class RunScope;
+  void check_configs();
   void ensure_optimizer(int64_t total_steps);
+  void set_configured_models_training();
   void validate_and_step_metric_schedulers();
   void train_batch_impl(const Batch& batch);
   void maybe_validate_after_step();
@@ -201,15 +245,26 @@ class TrainingStrategy {
   TrainContext make_context(const Batch* batch);
   void ensure_precision_hook();
 
-  std::shared_ptr<EnergyModel> model_;
+  /// One optimizer config with its model and message paths.
+  struct OptimizerEntry {
+    std::string model;
+    OptimizerConfig config;
+    std::string path;            ///< "training.optimizer" or "optimizer_configs.<m>[<i>]".
+    std::string scheduler_path;  ///< "training.scheduler" or "<path>.scheduler".
+  };
+
+  std::map<std::string, std::shared_ptr<EnergyModel>> models_;
+  std::shared_ptr<EnergyModel> model_;  ///< primary
   StrategyOptions options_;
   WeightedSumLoss loss_;
   std::vector<std::shared_ptr<Hook>> hooks_;
-  TrainingFn training_fn_;
+  NamedTrainingFn training_fn_;
+  std::vector<OptimizerEntry> entries_;
+  std::optional<std::set<std::string>> optimizer_filter_, trainable_filter_, force_trainable_filter_;
   std::unique_ptr<PrecisionPlugin> precision_;  ///< from options.precision, or null.
   std::shared_ptr<MixedPrecisionHook> precision_hook_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::unique_ptr<LrScheduler> scheduler_;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
+  std::vector<std::unique_ptr<LrScheduler>> schedulers_;  ///< paired with optimizers_, null = none
   std::shared_ptr<EnergyModel> inference_model_;
   std::optional<ValidationSummary> last_validation_;
   bool has_do_backward_ = false;
