@@ -262,31 +262,48 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   WeightedSumLoss loss;
   std::vector<std::string> terms;
   std::string loss_text;
-  auto add_term = [&](std::shared_ptr<LossFunction> f, double w, const std::string& desc) {
-    loss.add(f, w);
-    terms.push_back(f->name());
+  auto add_term = [&](const std::string& name, const std::string& desc) {
+    auto schedule = loss_weight_schedule(lc, name);
+    loss.add(loss_term(lc, name), schedule);
+    terms.push_back(name);
+    std::string w = fmt::format("{}", schedule->weight(0, 0));
+    if (lc.schedule != "constant") {
+      const double w_final = name == "energy"   ? lc.energy_weight_final
+                             : name == "forces" ? lc.forces_weight_final
+                                                : lc.stress_weight_final;
+      w = fmt::format("({}→{}, {} over {}s {}..{})", w, w_final, lc.schedule, lc.schedule_clock,
+                      lc.schedule_start,
+                      lc.schedule == "step" ? lc.schedule_start : lc.schedule_end);
+    }
     loss_text += (loss_text.empty() ? "" : " + ") + fmt::format("{}·{}", w, desc);
   };
-  if (lc.energy_weight > 0) {
+  const std::string penalty =
+      lc.kind == "mse" ? "MSE" : lc.kind == "mae" ? "MAE" : fmt::format("Huber(δ={})", lc.huber_delta);
+  if (max_loss_weight(lc, "energy") > 0) {
     if (tl.energy > 0) {
-      add_term(std::make_shared<EnergyMSELoss>(lc.energy_per_atom), lc.energy_weight,
-               lc.energy_per_atom ? "energy(per atom)" : "energy");
+      add_term("energy", penalty + (lc.energy_per_atom ? " energy(per atom)" : " energy"));
     } else {
       err << "crucible: warning: training.loss.energy_weight > 0 but no training structure has "
              "an energy ('" << config.data.energy_key << "'); energy term dropped\n";
     }
   }
-  if (lc.forces_weight > 0) {
+  if (max_loss_weight(lc, "forces") > 0) {
     if (tl.forces > 0) {
-      add_term(std::make_shared<ForcesMSELoss>(), lc.forces_weight, "forces");
+      add_term("forces", penalty + (lc.forces_mode == "vector" ? " forces(per-atom norm)" : " forces"));
     } else {
       err << "crucible: warning: training.loss.forces_weight > 0 but no training structure has "
              "forces; forces term dropped\n";
     }
   }
-  if (lc.stress_weight > 0 && tl.stress > 0) {
-    add_term(std::make_shared<StressMSELoss>(), lc.stress_weight, "stress");
+  if (max_loss_weight(lc, "stress") > 0 && tl.stress > 0) add_term("stress", penalty + " stress");
+  loss.set_normalize_weights(lc.normalize_weights);
+  loss.set_config_type_weights(lc.config_type_weights);
+  if (!lc.config_type_weights.empty()) {
+    std::string types;
+    for (const auto& [t, w] : lc.config_type_weights) types += fmt::format("{}{} {}", types.empty() ? "" : ", ", t, w);
+    loss_text += "; config_type weights " + types;
   }
+  if (lc.normalize_weights) loss_text += "; normalized by the weight sum";
   if (loss.empty()) {
     throw ConfigError("training.loss must have a weight > 0 for a label the training data has "
                       "(energy " + std::to_string(tl.energy) + ", forces " +

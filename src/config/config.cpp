@@ -5,6 +5,8 @@
 
 #include "crucible/common/error.h"
 #include "crucible/models/schnet.h"
+#include "crucible/losses/loss.h"
+#include "crucible/losses/loss_weight_schedule.h"
 #include "crucible/training/lr_scheduler.h"
 #include "crucible/training/optimizers.h"
 
@@ -132,7 +134,7 @@ namespace {
 
 // --------------------------------------------------------------- schema ----
 
-enum class Kind { kString, kOptString, kInt, kOptInt, kFloat, kBool, kUnit };
+enum class Kind { kString, kOptString, kInt, kOptInt, kFloat, kBool, kUnit, kWeightMap };
 
 struct Key {
   std::string path;
@@ -474,22 +476,74 @@ std::vector<Key> build_schema() {
       "ones (MACE and Lightning EMA callbacks do so).",
       [](Config& c) -> void* { return &c.training.ema.use_for_validation; });
   min_incl(add("training.loss.energy_weight", Kind::kFloat, "",
-               "Weight of the energy MSE term (0 = off). The term is in eV²/atom² with "
-               "energy_per_atom, else eV².",
+               "Weight of the energy term (0 = off). With mse the term is in eV²/atom² "
+               "with energy_per_atom, else eV².",
                [](Config& c) -> void* { return &c.training.loss.energy_weight; }),
            0.0);
   min_incl(add("training.loss.forces_weight", Kind::kFloat, "",
-               "Weight of the forces MSE term in eV²/Å² (0 = off).",
+               "Weight of the forces term (mse: eV²/Å²; 0 = off).",
                [](Config& c) -> void* { return &c.training.loss.forces_weight; }),
            0.0);
   min_incl(add("training.loss.stress_weight", Kind::kFloat, "",
-               "Weight of the stress MSE term in (eV/Å³)² (0 = off). Used only when the "
+               "Weight of the stress term (mse: (eV/Å³)²; 0 = off). Used only when the "
                "training data has stresses (or virials).",
                [](Config& c) -> void* { return &c.training.loss.stress_weight; }),
            0.0);
   add("training.loss.energy_per_atom", Kind::kBool, "",
-      "Compare energies per atom, (E_pred - E_ref)/N, in the energy loss.",
+      "Compare energies per atom, (E_pred - E_ref)/N, in the energy term.",
       [](Config& c) -> void* { return &c.training.loss.energy_per_atom; });
+  add("training.loss.kind", Kind::kString, "",
+      "Penalty of every term: mse, mae, or huber (PyTorch huber_loss with huber_delta).",
+      [](Config& c) -> void* { return &c.training.loss.kind; })
+      .choices = {"mse", "mae", "huber"};
+  min_excl(add("training.loss.huber_delta", Kind::kFloat, "",
+               "huber: error size where the penalty turns from quadratic to linear, in the "
+               "unit of each term (eV/atom or eV, eV/Å, eV/Å³). Used only with kind huber.",
+               [](Config& c) -> void* { return &c.training.loss.huber_delta; }),
+           0.0);
+  add("training.loss.forces_mode", Kind::kString, "",
+      "Forces term over every Cartesian component, or over each atom's error-vector norm "
+      "|F_pred - F_ref| (vector).",
+      [](Config& c) -> void* { return &c.training.loss.forces_mode; })
+      .choices = {"component", "vector"};
+  add("training.loss.normalize_weights", Kind::kBool, "",
+      "Divide the total loss by the sum of the weights.",
+      [](Config& c) -> void* { return &c.training.loss.normalize_weights; });
+  add("training.loss.config_type_weights", Kind::kWeightMap, "",
+      "Weight of the structures of each config_type (extxyz info key) in every term, e.g. "
+      "{bulk: 1.0, surface: 5.0} (MACE config_type_weights); types not listed weigh 1.",
+      [](Config& c) -> void* { return &c.training.loss.config_type_weights; });
+  add("training.loss.schedule", Kind::kString, "",
+      "How the three weights change from *_weight to *_weight_final: constant (no change), "
+      "linear or cosine from schedule_start to schedule_end, or step (jump at "
+      "schedule_start, like MACE's SWA stage).",
+      [](Config& c) -> void* { return &c.training.loss.schedule; })
+      .choices = {"constant", "linear", "cosine", "step"};
+  add("training.loss.schedule_clock", Kind::kString, "",
+      "Counter the weight schedule follows: epoch or (optimizer) step.",
+      [](Config& c) -> void* { return &c.training.loss.schedule_clock; })
+      .choices = {"epoch", "step"};
+  min_incl(add("training.loss.schedule_start", Kind::kInt, "",
+               "First epoch/step of the weight change.",
+               [](Config& c) -> void* { return &c.training.loss.schedule_start; }),
+           0.0);
+  min_incl(add("training.loss.schedule_end", Kind::kInt, "",
+               "linear/cosine: epoch/step where the final weights are reached (>= "
+               "schedule_start).",
+               [](Config& c) -> void* { return &c.training.loss.schedule_end; }),
+           0.0);
+  min_incl(add("training.loss.energy_weight_final", Kind::kFloat, "",
+               "Energy weight at the end of the schedule.",
+               [](Config& c) -> void* { return &c.training.loss.energy_weight_final; }),
+           0.0);
+  min_incl(add("training.loss.forces_weight_final", Kind::kFloat, "",
+               "Forces weight at the end of the schedule.",
+               [](Config& c) -> void* { return &c.training.loss.forces_weight_final; }),
+           0.0);
+  min_incl(add("training.loss.stress_weight_final", Kind::kFloat, "",
+               "Stress weight at the end of the schedule.",
+               [](Config& c) -> void* { return &c.training.loss.stress_weight_final; }),
+           0.0);
   min_incl(add("training.validate_every_n_epochs", Kind::kInt, "",
                "Validate after every n-th epoch; 0 = only once, after training.",
                [](Config& c) -> void* { return &c.training.validate_every_n_epochs; }),
@@ -812,6 +866,34 @@ void set_value(Config& config, const Key& key, const YAML::Node& node, const Sou
       as<UnitSetting>(p) = u;
       return;
     }
+    case Kind::kWeightMap: {
+      const std::string expected = "a mapping of names to numbers >= 0, e.g. {bulk: 2.0}";
+      if (node.IsNull()) {
+        as<std::map<std::string, double>>(p).clear();
+        return;
+      }
+      if (!node.IsMap()) type_error(key, expected, node, src);
+      std::map<std::string, double> out;
+      for (const auto& kv : node) {
+        if (!kv.first.IsScalar()) type_error(key, expected, node, src);
+        const std::string name = kv.first.Scalar();
+        const std::string entry = key.path + "." + name;
+        if (!is_plain_scalar(kv.second)) {
+          throw ConfigError(entry + " must be a number >= 0, got " + describe(kv.second) +
+                            src.where(kv.second));
+        }
+        const auto v = parse_float(kv.second.Scalar());
+        if (!v || !(*v >= 0.0)) {
+          throw ConfigError(entry + " must be a finite number >= 0, got " +
+                            kv.second.Scalar() + src.where(kv.second));
+        }
+        if (!out.emplace(name, *v).second) {
+          throw ConfigError("duplicate key '" + entry + "'" + src.where(kv.first));
+        }
+      }
+      as<std::map<std::string, double>>(p) = std::move(out);
+      return;
+    }
   }
 }
 
@@ -892,6 +974,13 @@ std::string value_text(const Key& key, const Config& config) {
       const auto& u = as<UnitSetting>(p);
       return u.name.empty() ? format_number(u.factor) : quote(u.name);
     }
+    case Kind::kWeightMap: {
+      std::string out;
+      for (const auto& [name, w] : as<std::map<std::string, double>>(p)) {
+        out += (out.empty() ? "" : ", ") + quote(name) + ": " + format_number(w);
+      }
+      return "{" + out + "}";
+    }
   }
   return "";
 }
@@ -912,6 +1001,8 @@ std::string type_name(const Key& key) {
       return "boolean";
     case Kind::kUnit:
       return "unit name or number";
+    case Kind::kWeightMap:
+      return "mapping of name to number";
   }
   return "";
 }
@@ -955,7 +1046,8 @@ std::vector<std::pair<std::string, std::string>> config_sections() {
       {"training.optimizer", "Optimizer (PyTorch Adam / AdamW semantics)."},
       {"training.scheduler", "Learning-rate schedule (per optimizer step)."},
       {"training.loss",
-       "Loss = energy_weight · L_E + forces_weight · L_F + stress_weight · L_S (MSE terms)."},
+       "Loss = energy_weight · L_E + forces_weight · L_F + stress_weight · L_S, each term an "
+       "MSE, MAE or Huber penalty."},
       {"output", "Where the run is written."},
   };
 }
@@ -1087,6 +1179,34 @@ void validate_config(const Config& config) {
         "stress_weight), got all 0");
   }
   {
+    const LossSettings d;
+    const auto& l = t.loss;
+    if (l.kind != "huber" && l.huber_delta != d.huber_delta) {
+      throw ConfigError("training.loss.huber_delta is used only with training.loss.kind = huber; "
+                        "it must keep its default with kind = " + l.kind);
+    }
+    if (l.schedule == "constant") {
+      for (const auto& [key, changed] :
+           std::vector<std::pair<std::string, bool>>{
+               {"schedule_clock", l.schedule_clock != d.schedule_clock},
+               {"schedule_start", l.schedule_start != d.schedule_start},
+               {"schedule_end", l.schedule_end != d.schedule_end},
+               {"energy_weight_final", l.energy_weight_final != d.energy_weight_final},
+               {"forces_weight_final", l.forces_weight_final != d.forces_weight_final},
+               {"stress_weight_final", l.stress_weight_final != d.stress_weight_final}}) {
+        if (changed) {
+          throw ConfigError("training.loss." + key + " is used only by a weight schedule; set "
+                            "training.loss.schedule to linear, cosine or step, or keep its "
+                            "default");
+        }
+      }
+    } else if (l.schedule != "step" && l.schedule_end < l.schedule_start) {
+      throw ConfigError("training.loss.schedule_end must be >= training.loss.schedule_start (" +
+                        std::to_string(l.schedule_start) + "), got " +
+                        std::to_string(l.schedule_end));
+    }
+  }
+  {
     // Options an optimizer does not have must keep their defaults.
     const OptimizerSettings d;
     const auto& o = t.optimizer;
@@ -1117,7 +1237,15 @@ void validate_config(const Config& config) {
                         " only; it must keep its default with training.optimizer.name = " +
                         o.name);
     }
-    // The strategy's own checks (nesterov rule, regex syntax), named by key.
+    if (!o.no_weight_decay.empty()) {
+      try {
+        std::regex check(o.no_weight_decay, std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        throw ConfigError("training.optimizer.no_weight_decay must be a valid regular "
+                          "expression, got '" + o.no_weight_decay + "' (" + e.what() + ")");
+      }
+    }
+    // The strategy's own checks (e.g. the nesterov rule), named by key.
     check_optimizer_config(optimizer_config(t), "training.optimizer");
   }
   {
@@ -1311,6 +1439,50 @@ OptimizerConfig optimizer_config(const TrainingConfig& training) {
   }
   c.scheduler = scheduler_config(training.scheduler);
   return c;
+}
+
+namespace {
+
+std::pair<double, double> loss_weights(const LossSettings& l, const std::string& name) {
+  if (name == "energy") return {l.energy_weight, l.energy_weight_final};
+  if (name == "forces") return {l.forces_weight, l.forces_weight_final};
+  if (name == "stress") return {l.stress_weight, l.stress_weight_final};
+  throw ConfigError("loss term must be energy, forces or stress, got '" + name + "'");
+}
+
+}  // namespace
+
+std::shared_ptr<LossFunction> loss_term(const LossSettings& l, const std::string& name) {
+  (void)loss_weights(l, name);  // checks the name
+  const LossKind kind = parse_loss_kind(l.kind);
+  const double delta = l.kind == "huber" ? l.huber_delta : 1.0;
+  if (name == "energy") return std::make_shared<EnergyLoss>(kind, l.energy_per_atom, delta);
+  if (name == "forces") {
+    return std::make_shared<ForcesLoss>(kind, parse_forces_mode(l.forces_mode), delta);
+  }
+  return std::make_shared<StressLoss>(kind, delta);
+}
+
+std::shared_ptr<const LossWeightSchedule> loss_weight_schedule(const LossSettings& l,
+                                                               const std::string& name) {
+  const auto [w0, w1] = loss_weights(l, name);
+  const ScheduleClock clock = parse_schedule_clock(l.schedule_clock);
+  if (l.schedule == "linear") {
+    return std::make_shared<LinearWeight>(w0, w1, l.schedule_start, l.schedule_end, clock);
+  }
+  if (l.schedule == "cosine") {
+    return std::make_shared<CosineWeight>(w0, w1, l.schedule_start, l.schedule_end, clock);
+  }
+  if (l.schedule == "step") {
+    return std::make_shared<PiecewiseConstantWeight>(std::vector<int64_t>{l.schedule_start},
+                                                     std::vector<double>{w0, w1}, clock);
+  }
+  return std::make_shared<ConstantWeight>(w0, clock);
+}
+
+double max_loss_weight(const LossSettings& l, const std::string& name) {
+  const auto [w0, w1] = loss_weights(l, name);
+  return l.schedule == "constant" ? w0 : std::max(w0, w1);
 }
 
 }  // namespace crucible

@@ -406,6 +406,7 @@ void TrainingStrategy::train_batch_impl(const Batch& batch) {
   ctx.predictions = &predictions;
   run_hooks(TrainingStage::AFTER_FORWARD, ctx);
   run_hooks(TrainingStage::BEFORE_LOSS, ctx);
+  loss_.set_progress(step_count, epoch_count);  // loss-weight schedules
   LossOutput losses = loss_(predictions, batch);
   ctx.loss = losses.total;
   ctx.losses = &losses;

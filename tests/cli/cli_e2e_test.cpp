@@ -269,6 +269,44 @@ TEST_F(CliTest, TrainWritesRunDirectoryAndEvaluateMatches) {
   EXPECT_NE(r.err.find("only data.*"), std::string::npos) << r.err;
 }
 
+TEST_F(CliTest, BadConfigFromTheCatalogStopsBeforeAnythingIsWritten) {
+  const fs::path run = dir_ / "run_bad_config";
+  auto args = tiny_args(run.string());
+  args.push_back("--config");
+  args.push_back(std::string(CRUCIBLE_SOURCE_DIR) +
+                 "/tests/cli/bad_configs/09_option_of_another_optimizer.yaml");
+  Result r = run_crucible(dir_, args);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("training.optimizer.momentum is an option of sgd, rmsprop only"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(run));
+}
+
+TEST_F(CliTest, TrainWithHuberLossConfigTypeWeightsAndAWeightSchedule) {
+  const fs::path run = dir_ / "run_losses";
+  auto args = tiny_args(run.string());
+  for (const char* a : {"training.loss.kind=huber", "training.loss.huber_delta=0.05",
+                        "training.loss.forces_mode=vector",
+                        "training.loss.config_type_weights={Default: 2.0}",
+                        "training.loss.schedule=step", "training.loss.schedule_start=1",
+                        "training.loss.energy_weight_final=10",
+                        "training.optimizer.name=sgd", "training.optimizer.momentum=0.9",
+                        "training.optimizer.no_weight_decay=embedding",
+                        "training.scheduler.name=step", "training.scheduler.step_size=2"})
+    args.push_back(a);
+  Result r = run_crucible(dir_, args);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(1→10, step over epochs 1..1)·Huber(δ=0.05) energy(per atom)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("Huber(δ=0.05) forces(per-atom norm)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("config_type weights Default 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("optimizer  sgd lr"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step lr ×0.5 every 2 steps"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(run / "summary.json"));
+}
+
 TEST_F(CliTest, TrainWithCanonicalUpdateHooks) {
   // 10 structures, batch 4: 3 batches per epoch; 2 epochs with 2 batches per
   // optimizer step = ceil(2 * 3 / 2) = 3 steps.

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -210,6 +212,28 @@ TEST(Config, SchedulerKeysAndOptionsOfOtherSchedules) {
                      "exponential, plateau, got 'linear'"),
             std::string::npos)
       << msg;
+}
+
+// Issue 4 acceptance: every file of tests/cli/bad_configs/ (first line
+// "# expect: <message>") is rejected before training, by loading and
+// validating the config, with that message naming the key.
+TEST(Config, BadConfigCatalogIsRejectedNamingTheKey) {
+  const std::string dir = std::string(CRUCIBLE_SOURCE_DIR) + "/tests/cli/bad_configs";
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() == ".yaml") files.push_back(entry.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 15u);
+  for (const auto& file : files) {
+    const std::string text = read_text(file);
+    const std::string tag = "# expect: ";
+    ASSERT_EQ(text.rfind(tag, 0), 0u) << file << " must start with '" << tag << "'";
+    const std::string expected = text.substr(tag.size(), text.find('\n') - tag.size());
+    const std::string msg = config_error([&] { validate_config(load_config_file(file)); });
+    EXPECT_NE(msg.find(expected), std::string::npos)
+        << file << "\n  expected: " << expected << "\n  got:      " << msg;
+  }
 }
 
 TEST(Config, InvalidYamlReportsFileAndLine) {

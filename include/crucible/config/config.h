@@ -7,6 +7,8 @@
 // key documentation (docs/config.md mirrors it).
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +18,8 @@ namespace crucible {
 struct SchNetOptions;
 struct SchedulerConfig;
 struct OptimizerConfig;
+class LossFunction;
+class LossWeightSchedule;
 
 /// Physical quantity a unit setting converts (selects the table of names).
 enum class UnitQuantity {
@@ -115,10 +119,26 @@ struct EmaSettings {
 
 /// `training.loss` section: weights of the loss terms.
 struct LossSettings {
-  double energy_weight = 1.0;   ///< weight of the energy MSE, >= 0.
-  double forces_weight = 1.0;   ///< weight of the forces MSE, >= 0.
-  double stress_weight = 1.0;   ///< weight of the stress MSE, >= 0.
-  bool energy_per_atom = true;  ///< energy MSE on E/N (eV²/atom²) instead of E (eV²).
+  double energy_weight = 1.0;   ///< weight of the energy term, >= 0.
+  double forces_weight = 1.0;   ///< weight of the forces term, >= 0.
+  double stress_weight = 1.0;   ///< weight of the stress term, >= 0.
+  bool energy_per_atom = true;  ///< energy term on E/N instead of E.
+  std::string kind = "mse";     ///< mse, mae or huber (every term).
+  double huber_delta = 0.01;    ///< huber: delta (eV/atom, eV/Å, eV/Å³), > 0.
+  std::string forces_mode = "component";  ///< component or vector (per-atom norm).
+  bool normalize_weights = false;  ///< total / Σ weights.
+  /// config_type → weight of its structures in every term (MACE
+  /// config_type_weights); types not listed weigh 1.
+  std::map<std::string, double> config_type_weights;
+  /// Weight schedule of all three terms: constant, linear, cosine, or step
+  /// (jump to the final weights at schedule_start, MACE's SWA stage).
+  std::string schedule = "constant";
+  std::string schedule_clock = "epoch";  ///< epoch or step.
+  int64_t schedule_start = 0;   ///< first epoch/step of the change, >= 0.
+  int64_t schedule_end = 0;     ///< linear/cosine: last epoch/step, >= start.
+  double energy_weight_final = 1.0;  ///< weight at / after the end.
+  double forces_weight_final = 1.0;
+  double stress_weight_final = 1.0;
 };
 
 /// `training.scheduler` section: learning-rate schedule over the whole run
@@ -193,6 +213,20 @@ Config default_config();
 /// SchNet hyperparameters of the `model` section (type must be "schnet";
 /// ranges are checked by validate_config and SchNet's constructor).
 SchNetOptions schnet_options(const ModelConfig& model);
+
+/// Loss term `name` ("energy", "forces" or "stress") of the
+/// `training.loss` section: its kind (mse/mae/huber with huber_delta),
+/// energy_per_atom, forces_mode. @throws ConfigError for another name.
+std::shared_ptr<LossFunction> loss_term(const LossSettings& loss, const std::string& name);
+
+/// The weight schedule of term `name`: ConstantWeight(<name>_weight), or
+/// linear / cosine / step (piecewise) from <name>_weight to
+/// <name>_weight_final on the schedule_clock counter.
+std::shared_ptr<const LossWeightSchedule> loss_weight_schedule(const LossSettings& loss,
+                                                               const std::string& name);
+
+/// The largest weight term `name` takes over the run (0 = the term is off).
+double max_loss_weight(const LossSettings& loss, const std::string& name);
 
 /// The `training.optimizer` and `training.scheduler` sections as the
 /// strategy's OptimizerConfig: only the options of the chosen optimizer are
