@@ -146,7 +146,7 @@ at::Device parse_device(const std::string& text) {
   return device;
 }
 
-json summary_json(const ValidationSummary& v) {
+json metrics_json(const ErrorMetrics& v) {
   json j;
   for (const auto& [k, val] : v.as_map()) j[k] = std::isfinite(val) ? json(val) : json();
   const double ratio = v.forces_mae / v.zero_forces_mae;
@@ -155,6 +155,14 @@ json summary_json(const ValidationSummary& v) {
   j["num_energies"] = v.num_energies;
   j["num_forces"] = v.num_forces;
   j["num_stresses"] = v.num_stresses;
+  return j;
+}
+
+json summary_json(const ValidationSummary& v) {
+  json j = metrics_json(v);
+  j["per_config_type"] = json::object();
+  for (const auto& [type, m] : v.per_config_type) j["per_config_type"][type] = metrics_json(m);
+  j["inference_model"] = v.inference_model;
   return j;
 }
 
@@ -346,7 +354,8 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   ValidationConfig vc;
   vc.data = valid_ds;
   vc.every_n_epochs = tc.validate_every_n_epochs;
-  vc.every_n_steps = 0;
+  vc.every_n_steps = tc.validate_every_n_steps;
+  vc.use_mixed_precision = parse_validation_precision(tc.validate_with_mixed_precision);
   vc.batch_size = tc.valid_batch_size;
   vc.use_ema = tc.ema.use_for_validation;
   sopt.validation = vc;
@@ -540,6 +549,13 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   if (v.num_forces > 0) {
     out << fmt::format("  zero-forces baseline MAE {:.2f} meV/Å; model/baseline = {:.3f}\n",
                        v.zero_forces_mae, v.forces_mae / v.zero_forces_mae);
+  }
+  if (v.per_config_type.size() > 1) {
+    for (const auto& [type, m] : v.per_config_type) {
+      out << fmt::format("  {:<20} {:>3} structures  E MAE {:>16}  F MAE {:>14}\n", type,
+                         m.num_structures, format_metric(m.energy_mae, m.num_energies, "meV/atom"),
+                         format_metric(m.forces_mae, m.num_forces, "meV/Å"));
+    }
   }
   if (strategy.precision_hook() && strategy.precision_hook()->scaler()) {
     out << fmt::format("  16-mixed gradient scaler: final scale {}\n",

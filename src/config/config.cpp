@@ -548,6 +548,16 @@ std::vector<Key> build_schema() {
                "Validate after every n-th epoch; 0 = only once, after training.",
                [](Config& c) -> void* { return &c.training.validate_every_n_epochs; }),
            0.0);
+  min_incl(add("training.validate_every_n_steps", Kind::kInt, "",
+               "Also validate every n-th optimizer step (not on a step a hook skipped); 0 = "
+               "off.",
+               [](Config& c) -> void* { return &c.training.validate_every_n_steps; }),
+           0.0);
+  add("training.validate_with_mixed_precision", Kind::kString, "",
+      "Validation under the training precision's autocast: auto (when training.precision is "
+      "a mixed mode), always (an error without one), never (the model's dtype).",
+      [](Config& c) -> void* { return &c.training.validate_with_mixed_precision; })
+      .choices = {"auto", "always", "never"};
   add("training.dtype", Kind::kString, "",
       "Floating-point precision of the model and batches: float32 or float64.",
       [](Config& c) -> void* { return &c.training.dtype; })
@@ -1177,6 +1187,12 @@ void validate_config(const Config& config) {
     throw ConfigError(
         "training.loss must have at least one weight > 0 (energy_weight, forces_weight, "
         "stress_weight), got all 0");
+  }
+  if (t.validate_with_mixed_precision == "always" &&
+      !(t.precision && (*t.precision == "bf16-mixed" || *t.precision == "16-mixed"))) {
+    throw ConfigError("training.validate_with_mixed_precision = always needs training.precision "
+                      "bf16-mixed or 16-mixed, got " +
+                      (t.precision ? "'" + *t.precision + "'" : std::string("null")));
   }
   {
     const LossSettings d;

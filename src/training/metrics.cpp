@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 
 namespace crucible {
 
@@ -37,7 +39,7 @@ class FreezeParameters {
 
 }  // namespace
 
-std::map<std::string, double> ValidationSummary::as_map() const {
+std::map<std::string, double> ErrorMetrics::as_map() const {
   return {{"energy_mae", energy_mae},   {"energy_rmse", energy_rmse},
           {"forces_mae", forces_mae},   {"forces_rmse", forces_rmse},
           {"stress_mae", stress_mae},   {"stress_rmse", stress_rmse},
@@ -46,48 +48,91 @@ std::map<std::string, double> ValidationSummary::as_map() const {
 
 void MetricsAccumulator::add(const ModelOutputs& pred, const Batch& batch) {
   const auto cpu = at::Device(at::kCPU);
-  n_struct_ += batch.num_graphs();
+  const int64_t b = batch.num_graphs();
+  if (static_cast<int64_t>(batch.config_types.size()) != b) {
+    throw std::invalid_argument("batch.config_types must have one entry per structure (" +
+                                std::to_string(b) + "), got " +
+                                std::to_string(batch.config_types.size()));
+  }
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  // Per-structure sums [B]; totals and config_type groups add them up.
+  at::Tensor e_abs = at::zeros({b}, f64), e_sq = at::zeros({b}, f64), e_n = at::zeros({b}, f64);
+  at::Tensor f_abs = at::zeros({b}, f64), f_sq = at::zeros({b}, f64), f_zero = at::zeros({b}, f64),
+             f_n = at::zeros({b}, f64);
+  at::Tensor s_abs = at::zeros({b}, f64), s_sq = at::zeros({b}, f64), s_n = at::zeros({b}, f64);
   if (pred.energy.defined()) {
-    auto mask = batch.has_energy.to(cpu);
+    const auto mask = batch.has_energy.to(cpu);
     auto err = (pred.energy.detach().to(cpu, at::kDouble) - batch.energy.to(cpu, at::kDouble)) /
                batch.num_atoms.to(cpu, at::kDouble);
-    err = err.masked_select(mask);
-    e_abs_ += err.abs().sum().item<double>();
-    e_sq_ += err.square().sum().item<double>();
-    n_e_ += err.numel();
+    err = at::where(mask, err, at::zeros_like(err));  // a NaN on an unlabelled item stays out
+    e_abs = err.abs();
+    e_sq = err.square();
+    e_n = mask.to(at::kDouble);
   }
+  const at::Tensor atom_graph = batch.batch.to(cpu);
   if (pred.forces.defined()) {
-    auto atom_mask = batch.has_forces.to(cpu).index_select(0, batch.batch.to(cpu));
-    auto ref = batch.forces.to(cpu, at::kDouble).index({atom_mask});
-    auto err = pred.forces.detach().to(cpu, at::kDouble).index({atom_mask}) - ref;
-    f_abs_ += err.abs().sum().item<double>();
-    f_sq_ += err.square().sum().item<double>();
-    f_zero_ += ref.abs().sum().item<double>();
-    n_f_ += err.numel();
+    const auto atom_mask = batch.has_forces.to(cpu).index_select(0, atom_graph).unsqueeze(1);
+    const auto ref = at::where(atom_mask, batch.forces.to(cpu, at::kDouble),
+                               at::zeros({1}, f64));
+    const auto err = at::where(atom_mask, pred.forces.detach().to(cpu, at::kDouble) - ref,
+                               at::zeros({1}, f64));
+    f_abs = f_abs.index_add(0, atom_graph, err.abs().sum(1));
+    f_sq = f_sq.index_add(0, atom_graph, err.square().sum(1));
+    f_zero = f_zero.index_add(0, atom_graph, ref.abs().sum(1));
+    f_n = f_n.index_add(0, atom_graph, 3.0 * atom_mask.squeeze(1).to(at::kDouble));
   }
   if (pred.stress.defined()) {
-    auto mask = batch.has_stress.to(cpu);
-    auto err = (pred.stress.detach().to(cpu, at::kDouble) - batch.stress.to(cpu, at::kDouble))
-                   .index({mask});
-    s_abs_ += err.abs().sum().item<double>();
-    s_sq_ += err.square().sum().item<double>();
-    n_s_ += err.numel();
+    const auto mask = batch.has_stress.to(cpu).view({b, 1, 1});
+    const auto err = at::where(mask,
+                               pred.stress.detach().to(cpu, at::kDouble) -
+                                   batch.stress.to(cpu, at::kDouble),
+                               at::zeros({1}, f64));
+    s_abs = err.abs().sum({1, 2});
+    s_sq = err.square().sum({1, 2});
+    s_n = 9.0 * mask.view({b}).to(at::kDouble);
   }
+  auto ea = e_abs.accessor<double, 1>(), es = e_sq.accessor<double, 1>(),
+       en = e_n.accessor<double, 1>(), fa = f_abs.accessor<double, 1>(),
+       fs = f_sq.accessor<double, 1>(), fz = f_zero.accessor<double, 1>(),
+       fn = f_n.accessor<double, 1>(), sa = s_abs.accessor<double, 1>(),
+       ss = s_sq.accessor<double, 1>(), sn = s_n.accessor<double, 1>();
+  for (int64_t i = 0; i < b; ++i) {
+    for (Sums* sums : {&total_, &by_type_[batch.config_types[i]]}) {
+      sums->e_abs += ea[i];
+      sums->e_sq += es[i];
+      sums->n_e += static_cast<int64_t>(en[i]);
+      sums->f_abs += fa[i];
+      sums->f_sq += fs[i];
+      sums->f_zero += fz[i];
+      sums->n_f += static_cast<int64_t>(fn[i]);
+      sums->s_abs += sa[i];
+      sums->s_sq += ss[i];
+      sums->n_s += static_cast<int64_t>(sn[i]);
+      sums->n_struct += 1;
+    }
+  }
+}
+
+ErrorMetrics MetricsAccumulator::Sums::metrics() const {
+  ErrorMetrics s;
+  s.energy_mae = kMilli * mean_or_nan(e_abs, n_e);
+  s.energy_rmse = kMilli * std::sqrt(mean_or_nan(e_sq, n_e));
+  s.forces_mae = kMilli * mean_or_nan(f_abs, n_f);
+  s.forces_rmse = kMilli * std::sqrt(mean_or_nan(f_sq, n_f));
+  s.stress_mae = kMilli * mean_or_nan(s_abs, n_s);
+  s.stress_rmse = kMilli * std::sqrt(mean_or_nan(s_sq, n_s));
+  s.zero_forces_mae = kMilli * mean_or_nan(f_zero, n_f);
+  s.num_energies = n_e;
+  s.num_forces = n_f;
+  s.num_stresses = n_s;
+  s.num_structures = n_struct;
+  return s;
 }
 
 ValidationSummary MetricsAccumulator::summary() const {
   ValidationSummary s;
-  s.energy_mae = kMilli * mean_or_nan(e_abs_, n_e_);
-  s.energy_rmse = kMilli * std::sqrt(mean_or_nan(e_sq_, n_e_));
-  s.forces_mae = kMilli * mean_or_nan(f_abs_, n_f_);
-  s.forces_rmse = kMilli * std::sqrt(mean_or_nan(f_sq_, n_f_));
-  s.stress_mae = kMilli * mean_or_nan(s_abs_, n_s_);
-  s.stress_rmse = kMilli * std::sqrt(mean_or_nan(s_sq_, n_s_));
-  s.zero_forces_mae = kMilli * mean_or_nan(f_zero_, n_f_);
-  s.num_energies = n_e_;
-  s.num_forces = n_f_;
-  s.num_stresses = n_s_;
-  s.num_structures = n_struct_;
+  static_cast<ErrorMetrics&>(s) = total_.metrics();
+  for (const auto& [type, sums] : by_type_) s.per_config_type[type] = sums.metrics();
   return s;
 }
 

@@ -31,6 +31,14 @@ ModelOutputs detach_outputs(const ModelOutputs& in) {
 
 }  // namespace
 
+ValidationPrecision parse_validation_precision(const std::string& text) {
+  if (text == "auto") return ValidationPrecision::kAuto;
+  if (text == "always") return ValidationPrecision::kAlways;
+  if (text == "never") return ValidationPrecision::kNever;
+  throw ConfigError("validation.use_mixed_precision must be one of auto, always, never, got '" +
+                    text + "'");
+}
+
 TrainingStrategy::TrainingStrategy(std::shared_ptr<EnergyModel> model, StrategyOptions options,
                                    WeightedSumLoss loss, std::vector<std::shared_ptr<Hook>> hooks,
                                    TrainingFn training_fn)
@@ -81,6 +89,21 @@ TrainingStrategy::TrainingStrategy(std::map<std::string, std::shared_ptr<EnergyM
     }
     if (v.every_n_epochs < 0 || v.every_n_steps < 0) {
       throw ConfigError("validation.every_n_epochs and every_n_steps must be >= 0");
+    }
+    if (v.use_mixed_precision == ValidationPrecision::kAlways) {
+      bool mixed = false;
+      if (!options_.precision.empty()) {
+        mixed = make_precision_plugin(options_.precision)->autocast_dtype().has_value();
+      }
+      for (const auto& h : flatten_registered_hooks(hooks)) {
+        mixed = mixed || std::dynamic_pointer_cast<MixedPrecisionHook>(h) != nullptr;
+      }
+      if (!mixed) {
+        throw ConfigError("validation.use_mixed_precision = always needs a mixed precision mode "
+                          "(training.precision bf16-mixed or 16-mixed), got '" +
+                          (options_.precision.empty() ? std::string("none") : options_.precision) +
+                          "'");
+      }
     }
   }
   check_configs();
@@ -493,7 +516,12 @@ ValidationSummary TrainingStrategy::validate() {
   {
     // Seed 000: validation runs under the hook's inference autocast.
     std::unique_ptr<AutocastGuard> autocast;
-    if (precision_hook_) autocast = precision_hook_->inference_context(options_.device);
+    if (v.use_mixed_precision != ValidationPrecision::kNever && precision_hook_) {
+      autocast = precision_hook_->inference_context(options_.device);
+    } else if (v.use_mixed_precision == ValidationPrecision::kAlways) {
+      throw std::logic_error("validation.use_mixed_precision = always, but no "
+                             "MixedPrecisionHook is registered");
+    }
     const bool use_inference = v.use_ema && inference_model_ != nullptr;
     last_validation_ =
         evaluate_model(use_inference ? *inference_model_ : *model_, *v.data, options_.device, eo);

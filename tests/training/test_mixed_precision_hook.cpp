@@ -284,6 +284,51 @@ TEST(MixedPrecisionHook, StrategyAutoRegistersForMixedModesAndSetsContextPrecisi
                ConfigError);
 }
 
+/// A toy model that records whether autocast was on in each forward.
+class AutocastProbeToy : public testing::ToyModelImpl {
+ public:
+  at::Tensor energy(const Batch& batch) override {
+    autocast_on.push_back(at::autocast::is_cpu_enabled());
+    return ToyModelImpl::energy(batch);
+  }
+  std::vector<bool> autocast_on;
+};
+
+// Seed 002 ValidationConfig.use_mixed_precision: auto follows the training
+// mode's inference autocast, never turns it off, always needs a mixed mode.
+TEST(MixedPrecisionHook, ValidationAutocastFollowsUseMixedPrecision) {
+  for (auto mode : {ValidationPrecision::kAuto, ValidationPrecision::kAlways,
+                    ValidationPrecision::kNever}) {
+    auto model = std::make_shared<AutocastProbeToy>();
+    StrategyOptions o = steps_options(1, "bf16-mixed");
+    ValidationConfig v;
+    v.data = toy_dataset(3, 7);
+    v.use_mixed_precision = mode;
+    o.validation = v;
+    TrainingStrategy s(model, o, energy_forces_loss());
+    s.train_batch(toy_dataset(1)->collate({0}));  // registers the hook
+    model->autocast_on.clear();
+    s.validate();
+    ASSERT_FALSE(model->autocast_on.empty());
+    const bool expected = mode != ValidationPrecision::kNever;
+    for (bool on : model->autocast_on) EXPECT_EQ(on, expected);
+  }
+  StrategyOptions o = steps_options(1, "32-true");
+  ValidationConfig v;
+  v.data = toy_dataset(3, 7);
+  v.use_mixed_precision = ValidationPrecision::kAlways;
+  o.validation = v;
+  try {
+    TrainingStrategy s(ToyModel().ptr(), o, energy_forces_loss());
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "validation.use_mixed_precision = always needs a mixed precision mode "
+                           "(training.precision bf16-mixed or 16-mixed), got '32-true'");
+  }
+  EXPECT_EQ(parse_validation_precision("never"), ValidationPrecision::kNever);
+  EXPECT_THROW(parse_validation_precision("sometimes"), ConfigError);
+}
+
 TEST(MixedPrecisionHook, RegionIsLeftWhenTheForwardThrows) {
   auto ds = toy_dataset(2);
   TrainingFn failing = [](EnergyModel&, const Batch&) -> ModelOutputs {

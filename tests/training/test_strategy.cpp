@@ -251,6 +251,31 @@ TEST(TrainingStrategy, VetoedOptimizerStepDoesNotAdvanceStepCount) {
   ASSERT_TRUE(model->a.grad().defined());
 }
 
+// Issue 4 acceptance: step-cadence validation does not fire on a step that a
+// hook vetoed (step_count then repeats the value that was just validated).
+TEST(TrainingStrategy, StepCadenceValidationSkipsVetoedSteps) {
+  ToyModel model;
+  StrategyOptions o = steps_options(4);
+  o.validation = ValidationConfig{toy_dataset(2, 9), 0, 2, 16};
+  TrainingStrategy strategy(model.ptr(), o, energy_forces_loss());
+  strategy.register_update_hook(std::make_shared<LambdaUpdateHook>(
+      "veto batch 2", [](TrainContext& ctx, TrainingStage stage, bool) {
+        const bool veto = stage == TrainingStage::DO_OPTIMIZER_STEP && ctx.batch_count == 2;
+        return UpdateDecision{!veto, ctx.loss};
+      }));
+  std::vector<int64_t> validated_at;
+  strategy.register_hook(std::make_shared<LambdaHook>(
+      "probe", std::set<TrainingStage>{TrainingStage::AFTER_VALIDATION},
+      [&](TrainContext& ctx, TrainingStage) { validated_at.push_back(ctx.step_count); }));
+  DataLoader loader(toy_dataset(10), {2, false, 0, false});
+  strategy.run(loader);
+  EXPECT_EQ(strategy.batch_count, 5);  // one vetoed batch
+  EXPECT_EQ(strategy.step_count, 4);
+  // Steps 2 and 4, then the validation after training; not again after the
+  // vetoed batch that left step_count at 2.
+  EXPECT_EQ(validated_at, (std::vector<int64_t>{2, 4, 4}));
+}
+
 TEST(TrainingStrategy, DoBackwardOwnerRunsBackwardWithThreadedLoss) {
   ToyModel model;
   int calls = 0;

@@ -175,6 +175,9 @@ struct TrainingConfig {
   SpikeSkippingSettings spike_skipping;
   EmaSettings ema;
   int64_t validate_every_n_epochs = 1;     ///< 0 = only after training.
+  int64_t validate_every_n_steps = 0;      ///< also every n optimizer steps; 0 = off.
+  /// Validation autocast: auto, always or never.
+  std::string validate_with_mixed_precision = "auto";
   std::string dtype = "float64";           ///< "float32" or "float64".
   /// Precision mode (issue 3): "64-true", "32-true", "bf16-mixed" or
   /// "16-mixed"; unset (null) = follow `dtype` (float64 → 64-true, float32 →

@@ -12,10 +12,12 @@
 
 namespace crucible {
 
-/// Energy, forces and stress errors. Energies per atom in meV/atom, forces
-/// per Cartesian component in meV/Å, stress per component in meV/Å³.
-/// Metrics whose labels are absent are reported as NaN with count 0.
-struct ValidationSummary {
+/// Energy, forces and stress errors of a set of structures. Energies per
+/// atom in meV/atom, forces per Cartesian component in meV/Å, stress per
+/// component in meV/Å³. Metrics whose labels are absent are NaN with count 0.
+///   MAE = Σ|e| / n,  RMSE = sqrt(Σ e² / n)
+/// over the n labelled items (structures, force components, stress components).
+struct ErrorMetrics {
   double energy_mae = 0, energy_rmse = 0;  ///< meV/atom: |E_pred - E_ref| / N.
   double forces_mae = 0, forces_rmse = 0;  ///< meV/Å over all components.
   double stress_mae = 0, stress_rmse = 0;  ///< meV/Å³ over 9 components.
@@ -25,26 +27,41 @@ struct ValidationSummary {
   int64_t num_forces = 0;    ///< force components compared.
   int64_t num_stresses = 0;  ///< stress components compared.
   int64_t num_structures = 0;
-  /// True when the strategy evaluated its inference model (EMA weights)
-  /// rather than the live training model.
-  bool inference_model = false;
   /// Metrics by name ("energy_mae", "forces_rmse", ...), for CSV and schedulers.
   std::map<std::string, double> as_map() const;
 };
 
-/// Accumulates sums of errors batch by batch (so multi-batch and, later,
-/// multi-rank results are sums and counts, not means of means).
+/// Validation result: the metrics over every structure, the same metrics
+/// for the structures of each config_type, and which model was evaluated.
+struct ValidationSummary : ErrorMetrics {
+  /// config_type (extxyz info key, "Default" when absent) → its metrics.
+  std::map<std::string, ErrorMetrics> per_config_type;
+  /// True when the strategy evaluated its inference model (EMA weights)
+  /// rather than the live training model.
+  bool inference_model = false;
+};
+
+/// Accumulates sums of errors batch by batch, overall and per config_type
+/// (so multi-batch and, later, multi-rank results are sums and counts, not
+/// means of means).
 class MetricsAccumulator {
  public:
   /// Adds one batch. `pred` tensors may be undefined (then skipped).
   /// Energies in eV, forces eV/Å, stress eV/Å³; any float dtype / device.
+  /// @throws std::invalid_argument if batch.config_types does not have one
+  ///   entry per structure.
   void add(const ModelOutputs& pred, const Batch& batch);
-  /// Mean/RMS values in meV units.
+  /// Mean/RMS values in meV units, overall and per config_type.
   ValidationSummary summary() const;
 
  private:
-  double e_abs_ = 0, e_sq_ = 0, f_abs_ = 0, f_sq_ = 0, s_abs_ = 0, s_sq_ = 0, f_zero_ = 0;
-  int64_t n_e_ = 0, n_f_ = 0, n_s_ = 0, n_struct_ = 0;
+  struct Sums {
+    double e_abs = 0, e_sq = 0, f_abs = 0, f_sq = 0, s_abs = 0, s_sq = 0, f_zero = 0;
+    int64_t n_e = 0, n_f = 0, n_s = 0, n_struct = 0;
+    ErrorMetrics metrics() const;
+  };
+  Sums total_;
+  std::map<std::string, Sums> by_type_;
 };
 
 /// Options of `evaluate_model`.

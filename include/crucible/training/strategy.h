@@ -26,6 +26,17 @@
 
 namespace crucible {
 
+/// Whether validation runs under the mixed-precision hook's inference
+/// autocast (seed 002 ValidationConfig.use_mixed_precision).
+enum class ValidationPrecision {
+  kAuto,    ///< if a MixedPrecisionHook is registered (the training mode's autocast).
+  kAlways,  ///< as kAuto, but a run without a mixed mode is a ConfigError.
+  kNever,   ///< never: the model's own dtype.
+};
+
+/// "auto", "always", "never" → ValidationPrecision. @throws ConfigError otherwise.
+ValidationPrecision parse_validation_precision(const std::string& text);
+
 /// When validation runs and on what data.
 struct ValidationConfig {
   std::shared_ptr<const AtomicDataset> data;  ///< validation structures (required).
@@ -36,6 +47,8 @@ struct ValidationConfig {
   /// through set_inference_model) instead of the live model when one has
   /// been published (seed 002 ValidationConfig.use_ema). Default true.
   bool use_ema = true;
+  /// Autocast during validation. Default kAuto.
+  ValidationPrecision use_mixed_precision = ValidationPrecision::kAuto;
 };
 
 /// Everything a run needs besides the model, loss and data.
