@@ -1,4 +1,4 @@
-// Per-epoch progress line and metrics.csv hooks.
+// Live progress bar, per-epoch progress line and metrics.csv hooks.
 
 #include "crucible/cli/progress.h"
 
@@ -9,7 +9,11 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 namespace crucible {
 
@@ -148,6 +152,186 @@ void ProgressHook::report(const EpochRecord& r) {
   if (r.final) line += "  (final)";
   out_ << line << "\n";
   out_.flush();
+}
+
+// ---------------------------------------------------------- progress bar ----
+
+namespace {
+/// "m:ss" or "h:mm:ss"; "--:--" when unknown.
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const auto total = static_cast<int64_t>(std::llround(seconds));
+  const int64_t h = total / 3600, m = (total / 60) % 60, s = total % 60;
+  if (h > 0) return fmt::format("{}:{:02}:{:02}", h, m, s);
+  return fmt::format("{}:{:02}", m, s);
+}
+}  // namespace
+
+bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) != 0; }
+
+ProgressBarHook::ProgressBarHook(std::ostream& out, int64_t batches_per_epoch,
+                                 int64_t total_epochs, ProgressBarOptions options)
+    : out_(out),
+      batches_per_epoch_(batches_per_epoch),
+      total_epochs_(total_epochs),
+      options_(std::move(options)) {
+  if (batches_per_epoch_ < 1) {
+    throw std::invalid_argument("ProgressBarHook batches_per_epoch must be >= 1, got " +
+                                std::to_string(batches_per_epoch_));
+  }
+  if (total_epochs_ < 0) {
+    throw std::invalid_argument("ProgressBarHook total_epochs must be >= 0, got " +
+                                std::to_string(total_epochs_));
+  }
+  if (!(options_.min_redraw_seconds >= 0)) {
+    throw std::invalid_argument("ProgressBarOptions.min_redraw_seconds must be >= 0, got " +
+                                std::to_string(options_.min_redraw_seconds));
+  }
+  if (options_.bar_width < 1) {
+    throw std::invalid_argument("ProgressBarOptions.bar_width must be >= 1, got " +
+                                std::to_string(options_.bar_width));
+  }
+}
+
+bool ProgressBarHook::runs_on_stage(TrainingStage stage) const {
+  if (!options_.tty) return false;
+  return stage == TrainingStage::BEFORE_EPOCH || stage == TrainingStage::AFTER_BATCH ||
+         stage == TrainingStage::AFTER_VALIDATION || stage == TrainingStage::AFTER_TRAINING;
+}
+
+double ProgressBarHook::now() const {
+  if (options_.clock) return options_.clock();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void ProgressBarHook::enter() {
+  line_open_ = epoch_open_ = false;
+  epoch_ = done_ = seen_ = structures_ = loss_count_ = 0;
+  loss_mean_ = 0;
+  last_width_ = 0;
+  redraws_ = 0;
+}
+
+void ProgressBarHook::exit(bool failed) {
+  (void)failed;
+  try {
+    finish_line();
+  } catch (...) {
+  }
+}
+
+void ProgressBarHook::operator()(TrainContext& ctx, TrainingStage stage) {
+  if (!options_.tty) return;
+  switch (stage) {
+    case TrainingStage::BEFORE_EPOCH:
+      finish_line();
+      epoch_open_ = true;
+      epoch_ = ctx.epoch_count + 1;
+      done_ = seen_ = structures_ = loss_count_ = 0;
+      loss_mean_ = 0;
+      epoch_start_ = now();
+      break;
+    case TrainingStage::AFTER_BATCH: {
+      epoch_ = ctx.epoch_count + 1;
+      done_ = ctx.epoch_step_count;
+      if (!epoch_open_) {  // restarted mid-epoch: time from this batch on
+        epoch_open_ = true;
+        seen_ = structures_ = loss_count_ = 0;
+        loss_mean_ = 0;
+        epoch_start_ = now();
+      } else {
+        ++seen_;
+        if (ctx.batch) structures_ += ctx.batch->num_graphs();
+      }
+      if (ctx.loss.defined()) {
+        const double l = ctx.loss.item<double>();
+        ++loss_count_;
+        loss_mean_ += (l - loss_mean_) / static_cast<double>(loss_count_);
+      }
+      const bool epoch_end = done_ >= batches_per_epoch_;
+      draw(epoch_end || done_ <= 1);
+      if (epoch_end) {
+        finish_line();
+        epoch_open_ = false;
+      }
+      break;
+    }
+    case TrainingStage::AFTER_VALIDATION:
+      if (line_open_) {  // a mid-epoch validation: make room for its report line
+        out_ << '\r' << std::string(last_width_, ' ') << '\r';
+        out_.flush();
+        line_open_ = false;
+        last_width_ = 0;
+      }
+      break;
+    case TrainingStage::AFTER_TRAINING:
+      if (epoch_open_ && done_ > 0) draw(true);
+      finish_line();
+      epoch_open_ = false;
+      break;
+    default:
+      break;
+  }
+}
+
+void ProgressBarHook::draw(bool force) {
+  const double t = now();
+  if (!force && line_open_ && t - last_draw_ < options_.min_redraw_seconds) return;
+  last_draw_ = t;
+
+  std::string line;
+  if (total_epochs_ > 0) {
+    const int width = static_cast<int>(std::to_string(total_epochs_).size());
+    line = fmt::format("epoch {:>{}}/{} ", epoch_, width, total_epochs_);
+  } else {
+    line = fmt::format("epoch {:>4} ", epoch_);
+  }
+  const int64_t done = std::min(done_, batches_per_epoch_);
+  const int bw = options_.bar_width;
+  const auto filled = static_cast<int>(done * bw / batches_per_epoch_);
+  std::string bar(static_cast<size_t>(filled), '=');
+  if (filled < bw) {
+    bar += done > 0 ? ">" : " ";
+    bar += std::string(static_cast<size_t>(bw - filled - 1), ' ');
+  }
+  const int cw = static_cast<int>(std::to_string(batches_per_epoch_).size());
+  line += fmt::format("[{}] {:>{}}/{}", bar, done, cw, batches_per_epoch_);
+
+  const double elapsed = t - epoch_start_;
+  const bool has_rate = seen_ > 0 && elapsed > 0;
+  const double rate = has_rate ? static_cast<double>(seen_) / elapsed : 0.0;
+  if (has_rate) {
+    line += fmt::format("  {:.1f} batch/s  {:.1f} struct/s", rate,
+                        static_cast<double>(structures_) / elapsed);
+  } else {
+    line += "  -- batch/s  -- struct/s";
+  }
+  const int64_t left = batches_per_epoch_ - done;
+  const double nan = std::nan("");
+  line += "  ETA " + format_duration(has_rate ? static_cast<double>(left) / rate : nan);
+  if (total_epochs_ > 0) {
+    const int64_t later = std::max<int64_t>(0, total_epochs_ - epoch_) * batches_per_epoch_;
+    line += " (run " +
+            format_duration(has_rate ? static_cast<double>(left + later) / rate : nan) + ")";
+  }
+  if (loss_count_ > 0) line += fmt::format("  loss {:.4e}", loss_mean_);
+
+  const size_t width = line.size();
+  if (width < last_width_) line += std::string(last_width_ - width, ' ');
+  out_ << '\r' << line;
+  out_.flush();
+  last_width_ = width;
+  line_open_ = true;
+  ++redraws_;
+}
+
+void ProgressBarHook::finish_line() {
+  if (!line_open_) return;
+  out_ << '\n';
+  out_.flush();
+  line_open_ = false;
+  last_width_ = 0;
 }
 
 // ------------------------------------------------------------------ csv ----

@@ -2,6 +2,8 @@
 
 #include "crucible/cli/commands.h"
 #include "crucible/cli/model_io.h"
+#include "crucible/cli/learning_curve.h"
+#include "crucible/cli/metrics_log.h"
 #include "crucible/cli/progress.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
@@ -110,7 +112,8 @@ fs::path choose_run_dir(const OutputConfig& o) {
 void prepare_run_dir(const fs::path& p) {
   std::error_code ec;
   // summary.json first: from now on the directory must not look finished.
-  for (const char* f : {"summary.json", "model.pt", "model.json", "metrics.csv", "config.yaml"}) {
+  for (const char* f : {"summary.json", "model.pt", "model.json", "metrics.csv", "metrics.jsonl",
+                        "learning_curve.svg", "config.yaml"}) {
     fs::remove(p / f, ec);
     if (ec) throw DataError((p / f).string() + ": cannot remove old file (" + ec.message() + ")");
   }
@@ -369,9 +372,19 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   const fs::path run_dir = choose_run_dir(config.output);
   config.output.run_dir = run_dir.string();
 
+  // On a terminal a live bar per epoch (before the epoch lines it must not cut).
+  ProgressBarOptions bar_options;
+  bar_options.tty = (&out == &std::cout) && stdout_is_terminal();
+  auto bar = std::make_shared<ProgressBarHook>(out, loader.size(), tc.num_epochs.value_or(0),
+                                               bar_options);
   auto progress = std::make_shared<ProgressHook>(out, tc.num_epochs.value_or(0));
+  MetricsJsonlOptions jsonl_options;
+  jsonl_options.log_every_n_steps = config.output.log_every_n_steps;
+  jsonl_options.learning_curve_path = (run_dir / "learning_curve.svg").string();
+  auto jsonl = std::make_shared<MetricsJsonlHook>((run_dir / "metrics.jsonl").string(),
+                                                  jsonl_options);
   auto csv = std::make_shared<MetricsCsvHook>((run_dir / "metrics.csv").string(), terms);
-  TrainingStrategy strategy(model.ptr(), sopt, std::move(loss), {progress, csv});
+  TrainingStrategy strategy(model.ptr(), sopt, std::move(loss), {bar, progress, csv, jsonl});
   const int64_t target_steps = strategy.target_step_count(loader.size());
   // Canonical update hooks (seed 001), folded into one orchestrator.
   if (tc.gradient_accumulation_steps > 1) {
@@ -484,6 +497,9 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   }
 
   strategy.run(loader);
+  if (!jsonl->curve_error().empty()) {
+    err << "crucible: warning: " << jsonl->curve_error() << "\n";
+  }
   ValidationSummary final_metrics =
       strategy.last_validation() ? *strategy.last_validation() : strategy.validate();
 

@@ -584,6 +584,11 @@ std::vector<Key> build_schema() {
   add("output.overwrite", Kind::kBool, "",
       "Allow writing into an existing run directory (a finished run there is replaced).",
       [](Config& c) -> void* { return &c.output.overwrite; });
+  min_incl(add("output.log_every_n_steps", Kind::kInt, "",
+               "metrics.jsonl gets a training line (loss, its terms, lr) at optimizer steps "
+               "1, 1+n, 1+2n, ... and a line per validation.",
+               [](Config& c) -> void* { return &c.output.log_every_n_steps; }),
+           1.0);
   return k;
 }
 

@@ -269,6 +269,26 @@ TEST_F(CliTest, TrainWritesRunDirectoryAndEvaluateMatches) {
   EXPECT_NE(r.err.find("only data.*"), std::string::npos) << r.err;
 }
 
+// Issue 4 acceptance: the README's distillation example trains a small
+// student from a frozen teacher (named models; the teacher is restored).
+TEST(Examples, DistillationStudentApproachesTheFrozenTeacher) {
+  const std::string cmd = std::string(CRUCIBLE_EXAMPLE_DISTILL) +
+                          " --teacher-epochs 2 --epochs 3 --frames 80 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << out;
+  std::smatch m;
+  const std::regex re("force MAE ([0-9.]+) -> ([0-9.]+) meV/A");
+  ASSERT_TRUE(std::regex_search(out, m, re)) << out;
+  const double before = std::stod(m[1].str()), after = std::stod(m[2].str());
+  EXPECT_LT(after, 0.6 * before) << out;
+  EXPECT_NE(out.find("teacher requires_grad restored after the run: yes"), std::string::npos)
+      << out;
+}
+
 TEST_F(CliTest, BadConfigFromTheCatalogStopsBeforeAnythingIsWritten) {
   const fs::path run = dir_ / "run_bad_config";
   auto args = tiny_args(run.string());

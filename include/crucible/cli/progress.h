@@ -1,6 +1,6 @@
 #pragma once
-// Per-epoch reporting hooks of `crucible train`: a progress line on stdout and
-// a metrics.csv file.
+// Reporting hooks of `crucible train`: a live progress bar for terminals, a
+// per-epoch progress line on stdout and a metrics.csv file.
 
 #include "crucible/training/hook.h"
 #include "crucible/training/metrics.h"
@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -104,6 +105,84 @@ class MetricsCsvHook : public EpochReportHook {
   std::vector<std::string> loss_terms_;
   std::ofstream file_;
 };
+
+/// Options of ProgressBarHook.
+struct ProgressBarOptions {
+  /// Whether the output is a terminal. Only then does the hook draw anything;
+  /// otherwise it prints nothing at all (plain logs keep ProgressHook's lines).
+  /// `crucible train` passes stdout_is_terminal(); tests force either mode.
+  bool tty = false;
+  /// Minimum wall time between two redraws, s (>= 0). The first and the last
+  /// batch of an epoch are always drawn. Default 0.2; tests use 0.
+  double min_redraw_seconds = 0.2;
+  /// Width of the bar in characters (>= 1). Default 24.
+  int bar_width = 24;
+  /// Monotonic clock in seconds; empty = std::chrono::steady_clock. Tests may
+  /// inject a fake one for reproducible rates and ETAs.
+  std::function<double()> clock;
+};
+
+/// A live progress bar: one terminal line per epoch, redrawn in place with
+/// '\r' (no newline until the epoch ends), e.g.
+/// `epoch  2/60 [=========>          ]   41/100  12.3 batch/s  98.1 struct/s
+///  ETA 0:05 (run 12:03)  loss 1.234e-02`.
+///
+/// Shows the epoch number (with "/N" when the total is known), a bar of the
+/// batches done in this epoch out of `batches_per_epoch`, the batch and
+/// structure rates of this epoch (training only, s⁻¹), the ETA of the epoch
+/// and, when the total is known, of the run (assuming this epoch's batch
+/// rate; validation time not included), and the running mean total training
+/// loss of the epoch. The line is finished with '\n' after the last batch of
+/// the epoch (AFTER_BATCH, so before any AFTER_EPOCH output of other hooks),
+/// at AFTER_TRAINING when the step target ends an epoch early, and at exit().
+/// At AFTER_VALIDATION an unfinished line (a step-based validation
+/// mid-epoch) is erased, so register this hook BEFORE ProgressHook for the
+/// validation line to start on a clean line; it is redrawn at the next batch.
+///
+/// When `options.tty` is false the hook runs on no stage and writes nothing.
+class ProgressBarHook : public Hook {
+ public:
+  /// `batches_per_epoch`: loader batches per epoch (>= 1; DataLoader::size()).
+  /// `total_epochs`: shown as "/N" and used for the run ETA when > 0; 0 =
+  /// unknown (a step-limited run). `out` must outlive the hook.
+  /// @throws std::invalid_argument if batches_per_epoch < 1, total_epochs < 0,
+  ///   min_redraw_seconds < 0 or bar_width < 1.
+  ProgressBarHook(std::ostream& out, int64_t batches_per_epoch, int64_t total_epochs,
+                  ProgressBarOptions options = {});
+  std::string name() const override { return "ProgressBarHook"; }
+  /// BEFORE_EPOCH, AFTER_BATCH, AFTER_VALIDATION, AFTER_TRAINING when a TTY; none otherwise.
+  bool runs_on_stage(TrainingStage stage) const override;
+  void operator()(TrainContext& ctx, TrainingStage stage) override;
+  /// Resets the state (a fresh line for the next epoch).
+  void enter() override;
+  /// Finishes an unfinished line with '\n' (so an error message starts on
+  /// its own line). Never throws.
+  void exit(bool failed) override;
+  /// Number of times the line was drawn (for tests).
+  int64_t redraws() const { return redraws_; }
+
+ private:
+  double now() const;
+  void draw(bool force);
+  void finish_line();
+  std::ostream& out_;
+  int64_t batches_per_epoch_, total_epochs_;
+  ProgressBarOptions options_;
+  bool line_open_ = false;      // something drawn on the current line, no '\n' yet
+  bool epoch_open_ = false;     // batches of the current epoch seen
+  int64_t epoch_ = 0;           // 1-based number of the epoch in progress
+  int64_t done_ = 0;            // batches done in this epoch (ctx.epoch_step_count)
+  int64_t seen_ = 0;            // batches this hook timed in this epoch
+  int64_t structures_ = 0;      // structures in those batches
+  double loss_mean_ = 0;        // running mean total loss of those batches
+  int64_t loss_count_ = 0;
+  double epoch_start_ = 0, last_draw_ = 0;
+  size_t last_width_ = 0;       // characters of the last drawn line (for padding)
+  int64_t redraws_ = 0;
+};
+
+/// True if the process's standard output is a terminal (isatty(STDOUT_FILENO)).
+bool stdout_is_terminal();
 
 /// Validation metric columns of metrics.csv, in order (without the "valid_" prefix).
 const std::vector<std::string>& validation_metric_names();

@@ -191,6 +191,7 @@ struct TrainingConfig {
 struct OutputConfig {
   std::optional<std::string> run_dir;  ///< unset = runs/<YYYYmmdd-HHMMSS>.
   bool overwrite = false;              ///< replace an existing run directory.
+  int64_t log_every_n_steps = 10;      ///< metrics.jsonl: a train line every n steps, >= 1.
 };
 
 /// The whole configuration of `crucible train`.

@@ -1,0 +1,146 @@
+// metrics.jsonl hook and the learning curve written at its exit.
+
+#include "crucible/cli/metrics_log.h"
+
+#include "crucible/common/error.h"
+#include "crucible/losses/loss.h"
+#include "crucible/training/metrics.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace crucible {
+
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+/// A number, or null when not finite.
+ordered_json number(double v) { return std::isfinite(v) ? ordered_json(v) : ordered_json(); }
+
+double first_group_lr(torch::optim::Optimizer* opt) {
+  if (!opt || opt->param_groups().empty()) return std::nan("");
+  return opt->param_groups().front().options().get_lr();
+}
+
+}  // namespace
+
+MetricsJsonlHook::MetricsJsonlHook(std::string path, MetricsJsonlOptions options)
+    : path_(std::move(path)), options_(std::move(options)) {
+  if (options_.log_every_n_steps < 1) {
+    throw std::invalid_argument("MetricsJsonlOptions.log_every_n_steps must be >= 1, got " +
+                                std::to_string(options_.log_every_n_steps));
+  }
+}
+
+bool MetricsJsonlHook::runs_on_stage(TrainingStage stage) const {
+  return stage == TrainingStage::BEFORE_OPTIMIZER_STEP || stage == TrainingStage::AFTER_BATCH ||
+         stage == TrainingStage::AFTER_TRAINING || stage == TrainingStage::AFTER_VALIDATION;
+}
+
+void MetricsJsonlHook::enter() {
+  file_.close();
+  file_.clear();
+  file_.open(path_, std::ios::out | std::ios::trunc);
+  if (!file_) throw DataError(path_ + ": metrics file cannot be created");
+  start_ = std::chrono::steady_clock::now();
+  step_lrs_.clear();
+  training_done_ = false;
+  lines_ = 0;
+  curve_ = LearningCurve{};
+  curve_error_.clear();
+}
+
+void MetricsJsonlHook::write_line(const std::string& line) {
+  if (!file_.is_open()) return;
+  file_ << line << '\n';
+  file_.flush();
+  ++lines_;
+}
+
+void MetricsJsonlHook::operator()(TrainContext& ctx, TrainingStage stage) {
+  if (ctx.global_rank != 0) return;
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  switch (stage) {
+    case TrainingStage::BEFORE_OPTIMIZER_STEP:
+      step_lrs_.clear();
+      for (auto* opt : ctx.optimizers) step_lrs_.push_back(first_group_lr(opt));
+      break;
+    case TrainingStage::AFTER_BATCH: {
+      if (ctx.optimizer_step_skipped || ctx.step_count < 1) break;
+      if ((ctx.step_count - 1) % options_.log_every_n_steps != 0) break;
+      std::vector<double> lrs = step_lrs_;
+      if (lrs.size() != ctx.optimizers.size()) {  // no BEFORE_OPTIMIZER_STEP seen
+        lrs.clear();
+        for (auto* opt : ctx.optimizers) lrs.push_back(first_group_lr(opt));
+      }
+      const double loss = ctx.loss.defined() ? ctx.loss.item<double>() : std::nan("");
+      ordered_json j;
+      j["type"] = "train";
+      j["step"] = ctx.step_count;
+      j["epoch"] = ctx.epoch_count + 1;
+      j["batch"] = ctx.epoch_step_count;
+      j["loss"] = number(loss);
+      if (ctx.losses) {
+        for (const auto& [term, value] : ctx.losses->components) {
+          j["loss_" + term] = number(value.defined() ? value.item<double>() : std::nan(""));
+        }
+      }
+      if (lrs.size() == 1) {
+        j["lr"] = number(lrs[0]);
+      } else {
+        for (size_t i = 0; i < lrs.size(); ++i) j["lr_" + std::to_string(i)] = number(lrs[i]);
+      }
+      j["elapsed_s"] = elapsed;
+      write_line(j.dump());
+      curve_.train.push_back({ctx.step_count, loss});
+      break;
+    }
+    case TrainingStage::AFTER_TRAINING:
+      training_done_ = true;
+      break;
+    case TrainingStage::AFTER_VALIDATION: {
+      if (!ctx.validation) break;
+      const ValidationSummary& v = *ctx.validation;
+      ordered_json j;
+      j["type"] = "validation";
+      j["step"] = ctx.step_count;
+      j["epoch"] = ctx.epoch_count;
+      for (const auto& [metric, value] : v.as_map()) j[metric] = number(value);
+      j["num_structures"] = v.num_structures;
+      j["num_energies"] = v.num_energies;
+      j["num_forces"] = v.num_forces;
+      j["num_stresses"] = v.num_stresses;
+      j["inference_model"] = v.inference_model;
+      j["final"] = training_done_;
+      j["elapsed_s"] = elapsed;
+      write_line(j.dump());
+      curve_.validation.push_back({ctx.step_count, v.energy_mae, v.forces_mae});
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void MetricsJsonlHook::exit(bool failed) {
+  try {
+    file_.flush();
+    file_.close();
+  } catch (...) {
+  }
+  if (options_.learning_curve_path.empty() || (failed && curve_.empty())) return;
+  try {
+    write_learning_curve_svg(options_.learning_curve_path, curve_);
+  } catch (const std::exception& e) {
+    curve_error_ = e.what();
+  } catch (...) {
+    curve_error_ = options_.learning_curve_path + ": learning curve cannot be written";
+  }
+}
+
+}  // namespace crucible
