@@ -9,6 +9,7 @@ PACKAGES=(
   libopenblas0-openmp        # fast BLAS (the default reference BLAS is ~28x slower)
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libssl-dev                 # OpenSSL libcrypto: SHA-256 of checkpoint files
   python3 python3-ase python3-torch python3-numpy   # test oracles
 )
 

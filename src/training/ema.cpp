@@ -53,12 +53,21 @@ EmaHook::EmaHook(EmaOptions options) : options_(options) {
 }
 
 UpdateDecision EmaHook::operator()(TrainContext& ctx, TrainingStage stage, bool will_skip) {
+  if (stage == TrainingStage::SETUP && ctx.model && initialized()) {
+    publish(ctx);  // a restored average
+    return {true, ctx.loss};
+  }
   if (stage != TrainingStage::AFTER_OPTIMIZER_STEP || will_skip || !ctx.model) {
     return {true, ctx.loss};
   }
   const int64_t s = ctx.step_count + 1;
   if (s < options_.start_step || s % options_.update_every != 0) return {true, ctx.loss};
   update(ctx.model->module());
+  publish(ctx);
+  return {true, ctx.loss};
+}
+
+void EmaHook::publish(TrainContext& ctx) {
   if (options_.publish_inference_model && ctx.strategy) {
     if (!inference_) {
       inference_ = ctx.model->clone_model();
@@ -73,7 +82,6 @@ UpdateDecision EmaHook::operator()(TrainContext& ctx, TrainingStage stage, bool 
     copy_to(inference_->module());
     ctx.strategy->set_inference_model(inference_);
   }
-  return {true, ctx.loss};
 }
 
 void EmaHook::resolve_loaded(torch::nn::Module& module) const {

@@ -13,4 +13,11 @@ LambdaHook::LambdaHook(std::string name, std::set<TrainingStage> stages, Fn fn, 
   if (!fn_) throw std::invalid_argument("hook '" + name_ + "': fn must be callable, got empty");
 }
 
+void Hook::load_hook_state(const std::map<std::string, at::Tensor>& state) {
+  if (!state.empty()) {
+    throw std::invalid_argument("hook '" + name() + "' has no state to restore, got " +
+                                std::to_string(state.size()) + " entries");
+  }
+}
+
 }  // namespace crucible

@@ -110,4 +110,16 @@ double MixedPrecisionHook::scale() const {
   return s ? s->get_scale() : 1.0;
 }
 
+std::map<std::string, at::Tensor> MixedPrecisionHook::hook_state() const {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [k, v] : state_dict()) out[k] = at::scalar_tensor(v, at::kDouble);
+  return out;
+}
+
+void MixedPrecisionHook::load_hook_state(const std::map<std::string, at::Tensor>& state) {
+  std::map<std::string, double> values;
+  for (const auto& [k, t] : state) values[k] = t.item<double>();
+  if (!values.empty()) load_state_dict(values);
+}
+
 }  // namespace crucible

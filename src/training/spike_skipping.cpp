@@ -103,4 +103,29 @@ UpdateDecision SpikeSkippingHook::operator()(TrainContext& ctx, TrainingStage st
   return {true, ctx.loss};
 }
 
+std::map<std::string, at::Tensor> SpikeSkippingHook::hook_state() const {
+  std::vector<double> history(history_.begin(), history_.end());
+  std::map<std::string, at::Tensor> out;
+  out["history"] = at::tensor(history, at::kDouble);
+  out["pending"] = pending_ ? at::tensor(std::vector<double>{*pending_}, at::kDouble)
+                            : at::zeros({0}, at::kDouble);
+  out["skipped_steps"] = at::scalar_tensor(skipped_steps_, at::kLong);
+  return out;
+}
+
+void SpikeSkippingHook::load_hook_state(const std::map<std::string, at::Tensor>& state) {
+  for (const char* key : {"history", "pending", "skipped_steps"}) {
+    if (state.count(key) == 0) {
+      throw std::invalid_argument(std::string("SpikeSkippingHook state must contain '") + key +
+                                  "', got no such entry");
+    }
+  }
+  const at::Tensor h = state.at("history").to(at::kDouble).contiguous();
+  history_.assign(h.data_ptr<double>(), h.data_ptr<double>() + h.numel());
+  const at::Tensor p = state.at("pending").to(at::kDouble);
+  pending_.reset();
+  if (p.numel() > 0) pending_ = p[0].item<double>();
+  skipped_steps_ = state.at("skipped_steps").item<int64_t>();
+}
+
 }  // namespace crucible

@@ -343,6 +343,7 @@ void TrainingStrategy::ensure_optimizer(int64_t total_steps) {
   }
   optimizers_ = std::move(optimizers);
   schedulers_ = std::move(schedulers);
+  apply_pending_optimizer_state();
 }
 
 PrecisionPlugin* TrainingStrategy::precision_plugin() const {
@@ -533,6 +534,7 @@ ValidationSummary TrainingStrategy::validate() {
 }
 
 void TrainingStrategy::run(DataLoader& loader) {
+  stop_requested_ = stopped_early_ = false;
   ensure_precision_hook();
   RunScope scope(*this);
   enter_hooks();
@@ -581,6 +583,7 @@ void TrainingStrategy::run(DataLoader& loader) {
             epoch_done = true;
             break;
           }
+          if (stop_requested_) break;
         }
         if (!processed && step_count < target) {
           throw std::invalid_argument(
@@ -595,10 +598,16 @@ void TrainingStrategy::run(DataLoader& loader) {
           if (validation_due_after_epoch()) validate_and_step_metric_schedulers();
           set_configured_models_training();
         }
+        if (stop_requested_ && step_count < target) {
+          stopped_early_ = true;
+          break;
+        }
       }
-      TrainContext end_ctx = make_context(nullptr);
-      run_hooks(TrainingStage::AFTER_TRAINING, end_ctx);
-      if (options_.validation) validate_and_step_metric_schedulers();
+      if (!stopped_early_) {
+        TrainContext end_ctx = make_context(nullptr);
+        run_hooks(TrainingStage::AFTER_TRAINING, end_ctx);
+        if (options_.validation) validate_and_step_metric_schedulers();
+      }
     }
   } catch (...) {
     exit_hooks(true);

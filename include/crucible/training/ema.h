@@ -42,6 +42,8 @@ struct EmaOptions {
 ///  - later updates: shadow = decay · shadow + (1 - decay) · param;
 ///  - buffers are copied, never averaged.
 /// Shadow tensors are detached clones with the parameters' dtype/device.
+/// At SETUP, an average restored by load_state_dict is published at once
+/// (so a resumed run validates with it before its next update).
 /// Other stages: nothing. Never vetoes.
 ///
 /// The shadow is kept as named tensors (not a module clone, which LibTorch
@@ -105,9 +107,15 @@ class EmaHook : public TrainingUpdateHook {
   /// @throws std::invalid_argument if "__ema_num_updates__" is missing or a
   ///   tensor is undefined.
   void load_state_dict(const std::map<std::string, at::Tensor>& state);
+  /// Checkpoint state: state_dict() / load_state_dict().
+  std::map<std::string, at::Tensor> hook_state() const override { return state_dict(); }
+  void load_hook_state(const std::map<std::string, at::Tensor>& state) override {
+    load_state_dict(state);
+  }
 
  private:
   void resolve_loaded(torch::nn::Module& module) const;
+  void publish(TrainContext& ctx);
 
   EmaOptions options_;
   mutable std::vector<std::pair<std::string, at::Tensor>> params_;

@@ -97,6 +97,12 @@ class Hook {
   virtual void validate_registered_hooks(const std::vector<std::shared_ptr<Hook>>& hooks) const {
     (void)hooks;
   }
+  /// The hook's state for a checkpoint (issue 5): name → tensor (any dtype,
+  /// CPU or not); empty for a stateless hook (the default).
+  virtual std::map<std::string, at::Tensor> hook_state() const { return {}; }
+  /// Restores a hook_state(). Default: accepts only an empty state.
+  /// @throws std::invalid_argument for a state the hook cannot take.
+  virtual void load_hook_state(const std::map<std::string, at::Tensor>& state);
 };
 
 /// Calls `enter()` on every hook in order. If one throws, the hooks already

@@ -100,6 +100,10 @@ class MixedPrecisionHook : public TrainingUpdateHook {
   /// Restores a state_dict(), also before the scaler exists (applied when it
   /// is built). No-op outside 16-mixed.
   /// @throws std::invalid_argument as PrecisionPlugin::load_state_dict.
+  /// Checkpoint state: the scaler's state_dict() as float64 scalars.
+  std::map<std::string, at::Tensor> hook_state() const override;
+  /// @throws std::invalid_argument as load_state_dict.
+  void load_hook_state(const std::map<std::string, at::Tensor>& state) override;
   void load_state_dict(const std::map<std::string, double>& state) {
     plugin_->load_state_dict(state);
   }

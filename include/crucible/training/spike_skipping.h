@@ -60,6 +60,11 @@ class SpikeSkippingHook : public TrainingUpdateHook {
   const SpikeSkippingOptions& options() const { return options_; }
   /// Steps this hook vetoed so far.
   int64_t skipped_steps() const { return skipped_steps_; }
+  /// Checkpoint state: the loss history window (float64 [n]), the pending
+  /// loss ([0] or [1]) and the skip count (int64 scalar).
+  std::map<std::string, at::Tensor> hook_state() const override;
+  /// @throws std::invalid_argument if an entry is missing.
+  void load_hook_state(const std::map<std::string, at::Tensor>& state) override;
   /// Why the last veto happened ("non-finite loss", "non-finite gradient
   /// norm", "loss spike"); empty before the first.
   const std::string& last_skip_reason() const { return last_skip_reason_; }

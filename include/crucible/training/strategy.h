@@ -159,6 +159,14 @@ class TrainingStrategy {
   /// @throws std::invalid_argument if the loader yields no batch.
   void run(DataLoader& loader);
 
+  /// Asks run() to stop after the current batch (e.g. from a hook, or a
+  /// SIGINT/SIGTERM handler's flag): it then returns without AFTER_TRAINING
+  /// and without the final validation, with the counters at the last batch
+  /// (a checkpoint taken then resumes exactly). Cleared when run() starts.
+  void request_stop() { stop_requested_ = true; }
+  /// True if the last run() ended through request_stop().
+  bool stopped_early() const { return stopped_early_; }
+
   /// Trains on one batch (BEFORE_BATCH … AFTER_BATCH only); builds the
   /// optimizer on first use. Advances counters like `run`.
   void train_batch(const Batch& batch);
@@ -173,6 +181,31 @@ class TrainingStrategy {
   /// use batch_dtype().
   /// @throws std::logic_error if no validation is configured.
   ValidationSummary validate();
+
+  /// The run's state as named files (issue 5; seed 002 save_checkpoint), each
+  /// a torch::serialize archive of named tensors:
+  ///  - "counters.pt": step_count, global_step_count, batch_count,
+  ///    epoch_count, epoch_step_count, world_size (int64);
+  ///  - "model.<name>.pt": parameters and buffers of every model;
+  ///  - "grads.<name>.pt": the gradients held now (a gradient-accumulation
+  ///    cycle stopped in the middle continues exactly);
+  ///  - "optimizer.<i>.pt": Optimizer::save, and "optimizer.<i>.lr.pt" the lr
+  ///    of every param group (torch::load does not restore it);
+  ///  - "scheduler.<i>.pt": LrScheduler::state_dict as float64 scalars;
+  ///  - "hooks.pt": every registered hook's hook_state(), keys
+  ///    "<position>.<hook name>.<key>" (positions in registered_hooks());
+  ///  - "rng.pt": the CPU generator state (CUDA generators: not yet).
+  /// The data loader position is (epoch_count, epoch_step_count); the loss
+  /// weight schedules are functions of the counters.
+  std::vector<std::pair<std::string, std::string>> state_files();
+  /// Restores state_files() into this strategy (same models, optimizer
+  /// configs and hooks): counters, weights, hook states and RNG now;
+  /// optimizer, scheduler and gradient state when the optimizers are built
+  /// (the next run()/train_batch(); at once if they exist).
+  /// @throws DataError naming the file for a missing or unreadable file, a
+  ///   missing parameter, a shape mismatch, or hooks that differ from the
+  ///   checkpoint's (names and positions).
+  void restore_state_files(const std::map<std::string, std::string>& files);
 
   /// Target optimizer-step count for a loader with `batches_per_epoch` batches.
   /// @throws std::invalid_argument if num_epochs is set and batches_per_epoch <= 0.
@@ -249,6 +282,7 @@ class TrainingStrategy {
   class RunScope;
   void check_configs();
   void ensure_optimizer(int64_t total_steps);
+  void apply_pending_optimizer_state();
   void set_configured_models_training();
   void validate_and_step_metric_schedulers();
   void train_batch_impl(const Batch& batch);
@@ -279,10 +313,13 @@ class TrainingStrategy {
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
   std::vector<std::unique_ptr<LrScheduler>> schedulers_;  ///< paired with optimizers_, null = none
   std::shared_ptr<EnergyModel> inference_model_;
+  std::map<std::string, std::string> pending_state_;  ///< optimizer files awaiting the optimizers
   std::optional<ValidationSummary> last_validation_;
   bool has_do_backward_ = false;
   bool has_do_optimizer_step_ = false;
   bool optimizer_step_skipped_ = false;
+  bool stop_requested_ = false;
+  bool stopped_early_ = false;
 };
 
 }  // namespace crucible

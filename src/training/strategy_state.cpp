@@ -1,0 +1,260 @@
+// TrainingStrategy::state_files / restore_state_files: the run's state as
+// named archives of tensors (issue 5).
+
+#include "crucible/training/strategy.h"
+
+#include "crucible/common/error.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <sstream>
+
+namespace crucible {
+
+namespace {
+
+using TensorMap = std::map<std::string, at::Tensor>;
+
+std::string to_bytes(const TensorMap& tensors) {
+  torch::serialize::OutputArchive archive;
+  for (const auto& [k, t] : tensors) archive.write(k, t.detach().cpu());
+  std::ostringstream os;
+  archive.save_to(os);
+  return os.str();
+}
+
+TensorMap from_bytes(const std::map<std::string, std::string>& files, const std::string& name) {
+  auto it = files.find(name);
+  if (it == files.end()) throw DataError(name + ": the checkpoint must contain it, got no such file");
+  TensorMap out;
+  try {
+    torch::serialize::InputArchive archive;
+    std::istringstream is(it->second);
+    archive.load_from(is);
+    for (const auto& key : archive.keys()) {
+      at::Tensor t;
+      archive.read(key, t);
+      out[key] = t;
+    }
+  } catch (const c10::Error& e) {
+    throw DataError(name + ": must be a tensor archive, got unreadable data (" +
+                    e.what_without_backtrace() + ")");
+  }
+  return out;
+}
+
+const at::Tensor& entry(const TensorMap& m, const std::string& file, const std::string& key) {
+  auto it = m.find(key);
+  if (it == m.end()) throw DataError(file + ": must contain '" + key + "', got no such entry");
+  return it->second;
+}
+
+/// Copies `value` into `target` (no autograd), checking the shape.
+void assign(at::Tensor target, const at::Tensor& value, const std::string& file,
+            const std::string& key) {
+  if (!target.sizes().equals(value.sizes())) {
+    std::ostringstream os;
+    os << file << ": '" << key << "' must have shape " << target.sizes() << ", got "
+       << value.sizes();
+    throw DataError(os.str());
+  }
+  at::NoGradGuard no_grad;
+  target.copy_(value.to(target.device(), target.scalar_type()));
+}
+
+at::Tensor name_tensor(const std::string& name) {
+  std::vector<uint8_t> bytes(name.begin(), name.end());
+  return at::tensor(std::vector<int64_t>(bytes.begin(), bytes.end()), at::kLong);
+}
+
+std::string tensor_name(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kLong).contiguous();
+  std::string out;
+  for (int64_t i = 0; i < c.numel(); ++i) out.push_back(static_cast<char>(c.data_ptr<int64_t>()[i]));
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> TrainingStrategy::state_files() {
+  std::vector<std::pair<std::string, std::string>> files;
+  files.emplace_back("counters.pt", to_bytes({{"step_count", at::scalar_tensor(step_count, at::kLong)},
+                                              {"global_step_count", at::scalar_tensor(global_step_count, at::kLong)},
+                                              {"batch_count", at::scalar_tensor(batch_count, at::kLong)},
+                                              {"epoch_count", at::scalar_tensor(epoch_count, at::kLong)},
+                                              {"epoch_step_count", at::scalar_tensor(epoch_step_count, at::kLong)},
+                                              {"world_size", at::scalar_tensor(int64_t{world_size}, at::kLong)}}));
+  for (auto& [name, m] : models_) {
+    TensorMap weights, grads;
+    for (const auto& item : m->module().named_parameters(true)) {
+      weights["param." + item.key()] = item.value();
+      if (item.value().grad().defined()) grads[item.key()] = item.value().grad();
+    }
+    for (const auto& item : m->module().named_buffers(true)) weights["buffer." + item.key()] = item.value();
+    files.emplace_back("model." + name + ".pt", to_bytes(weights));
+    files.emplace_back("grads." + name + ".pt", to_bytes(grads));
+  }
+  for (size_t i = 0; i < optimizers_.size(); ++i) {
+    torch::serialize::OutputArchive archive;
+    optimizers_[i]->save(archive);
+    std::ostringstream os;
+    archive.save_to(os);
+    files.emplace_back("optimizer." + std::to_string(i) + ".pt", os.str());
+    TensorMap lrs;
+    auto& groups = optimizers_[i]->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      lrs[std::to_string(g)] = at::scalar_tensor(groups[g].options().get_lr(), at::kDouble);
+    }
+    files.emplace_back("optimizer." + std::to_string(i) + ".lr.pt", to_bytes(lrs));
+    if (schedulers_[i]) {
+      TensorMap sched;
+      for (const auto& [k, v] : schedulers_[i]->state_dict()) sched[k] = at::scalar_tensor(v, at::kDouble);
+      files.emplace_back("scheduler." + std::to_string(i) + ".pt", to_bytes(sched));
+    }
+  }
+  // "hook.<i>": the hook's name as bytes; "state.<i>.<key>": its state.
+  TensorMap hooks;
+  const auto registered = registered_hooks();
+  for (size_t i = 0; i < registered.size(); ++i) {
+    hooks["hook." + std::to_string(i)] = name_tensor(registered[i]->name());
+    for (const auto& [k, t] : registered[i]->hook_state()) {
+      hooks["state." + std::to_string(i) + "." + k] = t;
+    }
+  }
+  files.emplace_back("hooks.pt", to_bytes(hooks));
+  at::Tensor rng;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng = gen.get_state();
+  }
+  files.emplace_back("rng.pt", to_bytes({{"cpu", rng}}));
+  return files;
+}
+
+void TrainingStrategy::restore_state_files(const std::map<std::string, std::string>& files) {
+  ensure_precision_hook();  // the hook set as run() will have it
+  // Read and check everything first, then apply.
+  const TensorMap counters = from_bytes(files, "counters.pt");
+  std::map<std::string, TensorMap> weights;
+  for (auto& [name, m] : models_) {
+    const std::string file = "model." + name + ".pt";
+    weights[name] = from_bytes(files, file);
+    for (const auto& item : m->module().named_parameters(true)) entry(weights[name], file, "param." + item.key());
+    for (const auto& item : m->module().named_buffers(true)) entry(weights[name], file, "buffer." + item.key());
+  }
+  const TensorMap hooks = from_bytes(files, "hooks.pt");
+  const auto registered = registered_hooks();
+  std::vector<TensorMap> hook_states(registered.size());
+  size_t checkpoint_hooks = 0;
+  for (const auto& [k, t] : hooks) checkpoint_hooks += k.rfind("hook.", 0) == 0 ? 1 : 0;
+  if (checkpoint_hooks != registered.size()) {
+    throw DataError("hooks.pt: must hold the states of " + std::to_string(registered.size()) +
+                    " hooks (this run's), got " + std::to_string(checkpoint_hooks) +
+                    " (the checkpoint's hooks differ from this run's)");
+  }
+  for (size_t i = 0; i < registered.size(); ++i) {
+    const std::string saved = tensor_name(entry(hooks, "hooks.pt", "hook." + std::to_string(i)));
+    if (saved != registered[i]->name()) {
+      throw DataError("hooks.pt: hook " + std::to_string(i) + " must be '" +
+                      registered[i]->name() + "' (this run's), got '" + saved + "'");
+    }
+    const std::string prefix = "state." + std::to_string(i) + ".";
+    for (const auto& [k, t] : hooks) {
+      if (k.rfind(prefix, 0) == 0) hook_states[i][k.substr(prefix.size())] = t;
+    }
+  }
+  const TensorMap rng = from_bytes(files, "rng.pt");
+
+  step_count = entry(counters, "counters.pt", "step_count").item<int64_t>();
+  global_step_count = entry(counters, "counters.pt", "global_step_count").item<int64_t>();
+  batch_count = entry(counters, "counters.pt", "batch_count").item<int64_t>();
+  epoch_count = entry(counters, "counters.pt", "epoch_count").item<int64_t>();
+  epoch_step_count = entry(counters, "counters.pt", "epoch_step_count").item<int64_t>();
+  for (auto& [name, m] : models_) {
+    const std::string file = "model." + name + ".pt";
+    for (auto& item : m->module().named_parameters(true)) {
+      assign(item.value(), weights[name].at("param." + item.key()), file, item.key());
+    }
+    for (auto& item : m->module().named_buffers(true)) {
+      assign(item.value(), weights[name].at("buffer." + item.key()), file, item.key());
+    }
+  }
+  for (size_t i = 0; i < registered.size(); ++i) {
+    try {
+      registered[i]->load_hook_state(hook_states[i]);
+    } catch (const std::invalid_argument& e) {
+      throw DataError("hooks.pt: hook '" + registered[i]->name() + "': " + e.what());
+    }
+  }
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(entry(rng, "rng.pt", "cpu"));
+  }
+  // Optimizer, scheduler and gradient state wait for the optimizers.
+  pending_state_.clear();
+  for (const auto& [name, bytes] : files) {
+    if (name.rfind("optimizer.", 0) == 0 || name.rfind("scheduler.", 0) == 0 ||
+        name.rfind("grads.", 0) == 0) {
+      pending_state_[name] = bytes;
+    }
+  }
+  if (!optimizers_.empty()) apply_pending_optimizer_state();
+}
+
+void TrainingStrategy::apply_pending_optimizer_state() {
+  if (pending_state_.empty()) return;
+  const auto files = std::move(pending_state_);
+  pending_state_.clear();
+  for (size_t i = 0; i < optimizers_.size(); ++i) {
+    const std::string file = "optimizer." + std::to_string(i) + ".pt";
+    auto it = files.find(file);
+    if (it == files.end()) throw DataError(file + ": the checkpoint must contain it, got no such file");
+    try {
+      torch::serialize::InputArchive archive;
+      std::istringstream is(it->second);
+      archive.load_from(is);
+      optimizers_[i]->load(archive);
+    } catch (const c10::Error& e) {
+      throw DataError(file + ": must be this optimizer's state, got unreadable data (" +
+                      e.what_without_backtrace() + ")");
+    }
+    const std::string lr_file = "optimizer." + std::to_string(i) + ".lr.pt";
+    const TensorMap lrs = from_bytes(files, lr_file);
+    auto& groups = optimizers_[i]->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      groups[g].options().set_lr(entry(lrs, lr_file, std::to_string(g)).item<double>());
+    }
+    if (schedulers_[i]) {
+      const std::string sfile = "scheduler." + std::to_string(i) + ".pt";
+      std::map<std::string, double> state;
+      for (const auto& [k, t] : from_bytes(files, sfile)) state[k] = t.item<double>();
+      try {
+        schedulers_[i]->load_state_dict(state);
+      } catch (const std::invalid_argument& e) {
+        throw DataError(sfile + ": " + e.what());
+      }
+    }
+  }
+  for (auto& [name, m] : models_) {
+    const std::string file = "grads." + name + ".pt";
+    const TensorMap grads = from_bytes(files, file);
+    for (auto& item : m->module().named_parameters(true)) {
+      auto it = grads.find(item.key());
+      if (it == grads.end()) {
+        item.value().mutable_grad() = at::Tensor();
+        continue;
+      }
+      if (!it->second.sizes().equals(item.value().sizes())) {
+        throw DataError(file + ": '" + item.key() + "' must have the parameter's shape");
+      }
+      item.value().mutable_grad() = it->second.to(item.value().options()).clone();
+    }
+  }
+}
+
+}  // namespace crucible
