@@ -584,6 +584,7 @@ void TrainingStrategy::run(DataLoader& loader) {
             break;
           }
           if (stop_requested_) break;
+          at_boundary(Boundary::kBatch);
         }
         if (!processed && step_count < target) {
           throw std::invalid_argument(
@@ -600,13 +601,16 @@ void TrainingStrategy::run(DataLoader& loader) {
         }
         if (stop_requested_ && step_count < target) {
           stopped_early_ = true;
+          at_boundary(Boundary::kStop);
           break;
         }
+        if (epoch_done) at_boundary(Boundary::kEpoch);
       }
       if (!stopped_early_) {
         TrainContext end_ctx = make_context(nullptr);
         run_hooks(TrainingStage::AFTER_TRAINING, end_ctx);
         if (options_.validation) validate_and_step_metric_schedulers();
+        at_boundary(Boundary::kEnd);
       }
     }
   } catch (...) {

@@ -115,14 +115,16 @@ std::vector<std::pair<std::string, std::string>> TrainingStrategy::state_files()
       files.emplace_back("scheduler." + std::to_string(i) + ".pt", to_bytes(sched));
     }
   }
-  // "hook.<i>": the hook's name as bytes; "state.<i>.<key>": its state.
+  // Hooks with state, in registration order: "hook.<k>" = the hook's name
+  // (bytes), "state.<k>.<key>" = its state.
   TensorMap hooks;
-  const auto registered = registered_hooks();
-  for (size_t i = 0; i < registered.size(); ++i) {
-    hooks["hook." + std::to_string(i)] = name_tensor(registered[i]->name());
-    for (const auto& [k, t] : registered[i]->hook_state()) {
-      hooks["state." + std::to_string(i) + "." + k] = t;
-    }
+  int64_t k = 0;
+  for (const auto& h : registered_hooks()) {
+    const auto state = h->hook_state();
+    if (state.empty()) continue;
+    hooks["hook." + std::to_string(k)] = name_tensor(h->name());
+    for (const auto& [key, t] : state) hooks["state." + std::to_string(k) + "." + key] = t;
+    ++k;
   }
   files.emplace_back("hooks.pt", to_bytes(hooks));
   at::Tensor rng;
@@ -146,26 +148,26 @@ void TrainingStrategy::restore_state_files(const std::map<std::string, std::stri
     for (const auto& item : m->module().named_parameters(true)) entry(weights[name], file, "param." + item.key());
     for (const auto& item : m->module().named_buffers(true)) entry(weights[name], file, "buffer." + item.key());
   }
+  // Each saved hook state goes to the next registered hook of that name
+  // (registration order); registered hooks without a saved state keep theirs.
   const TensorMap hooks = from_bytes(files, "hooks.pt");
   const auto registered = registered_hooks();
-  std::vector<TensorMap> hook_states(registered.size());
-  size_t checkpoint_hooks = 0;
-  for (const auto& [k, t] : hooks) checkpoint_hooks += k.rfind("hook.", 0) == 0 ? 1 : 0;
-  if (checkpoint_hooks != registered.size()) {
-    throw DataError("hooks.pt: must hold the states of " + std::to_string(registered.size()) +
-                    " hooks (this run's), got " + std::to_string(checkpoint_hooks) +
-                    " (the checkpoint's hooks differ from this run's)");
-  }
-  for (size_t i = 0; i < registered.size(); ++i) {
-    const std::string saved = tensor_name(entry(hooks, "hooks.pt", "hook." + std::to_string(i)));
-    if (saved != registered[i]->name()) {
-      throw DataError("hooks.pt: hook " + std::to_string(i) + " must be '" +
-                      registered[i]->name() + "' (this run's), got '" + saved + "'");
+  std::vector<std::pair<size_t, TensorMap>> hook_states;
+  size_t next = 0;
+  for (int64_t k = 0; hooks.count("hook." + std::to_string(k)) > 0; ++k) {
+    const std::string saved = tensor_name(hooks.at("hook." + std::to_string(k)));
+    while (next < registered.size() && registered[next]->name() != saved) ++next;
+    if (next == registered.size()) {
+      throw DataError("hooks.pt: holds the state of hook '" + saved +
+                      "', which this run does not register (in this order); register the "
+                      "same hooks as the checkpointed run");
     }
-    const std::string prefix = "state." + std::to_string(i) + ".";
-    for (const auto& [k, t] : hooks) {
-      if (k.rfind(prefix, 0) == 0) hook_states[i][k.substr(prefix.size())] = t;
+    TensorMap state;
+    const std::string prefix = "state." + std::to_string(k) + ".";
+    for (const auto& [key, t] : hooks) {
+      if (key.rfind(prefix, 0) == 0) state[key.substr(prefix.size())] = t;
     }
+    hook_states.emplace_back(next++, std::move(state));
   }
   const TensorMap rng = from_bytes(files, "rng.pt");
 
@@ -183,9 +185,9 @@ void TrainingStrategy::restore_state_files(const std::map<std::string, std::stri
       assign(item.value(), weights[name].at("buffer." + item.key()), file, item.key());
     }
   }
-  for (size_t i = 0; i < registered.size(); ++i) {
+  for (const auto& [i, state] : hook_states) {
     try {
-      registered[i]->load_hook_state(hook_states[i]);
+      registered[i]->load_hook_state(state);
     } catch (const std::invalid_argument& e) {
       throw DataError("hooks.pt: hook '" + registered[i]->name() + "': " + e.what());
     }

@@ -159,6 +159,18 @@ class TrainingStrategy {
   /// @throws std::invalid_argument if the loader yields no batch.
   void run(DataLoader& loader);
 
+  /// Where run() calls boundary callbacks: after a batch (its step-cadence
+  /// validation and metric-scheduler step done; not when the batch ended an
+  /// epoch), after an epoch (AFTER_EPOCH, its validation and scheduler step
+  /// done), after training (AFTER_TRAINING and the final validation done),
+  /// or when run() stops through request_stop().
+  enum class Boundary { kBatch, kEpoch, kEnd, kStop };
+  using BoundaryCallback = std::function<void(TrainingStrategy&, Boundary)>;
+  /// Registers `fn`: called at every boundary of run(), in registration
+  /// order. At a boundary all state is consistent: a checkpoint taken there
+  /// (state_files) resumes exactly. Used by CheckpointHook.
+  void add_boundary_callback(BoundaryCallback fn) { boundary_callbacks_.push_back(std::move(fn)); }
+
   /// Asks run() to stop after the current batch (e.g. from a hook, or a
   /// SIGINT/SIGTERM handler's flag): it then returns without AFTER_TRAINING
   /// and without the final validation, with the counters at the last batch
@@ -192,8 +204,8 @@ class TrainingStrategy {
   ///  - "optimizer.<i>.pt": Optimizer::save, and "optimizer.<i>.lr.pt" the lr
   ///    of every param group (torch::load does not restore it);
   ///  - "scheduler.<i>.pt": LrScheduler::state_dict as float64 scalars;
-  ///  - "hooks.pt": every registered hook's hook_state(), keys
-  ///    "<position>.<hook name>.<key>" (positions in registered_hooks());
+  ///  - "hooks.pt": the hook_state() of every registered hook that has one,
+  ///    in registration order ("hook.<k>" its name, "state.<k>.<key>");
   ///  - "rng.pt": the CPU generator state (CUDA generators: not yet).
   /// The data loader position is (epoch_count, epoch_step_count); the loss
   /// weight schedules are functions of the counters.
@@ -202,9 +214,10 @@ class TrainingStrategy {
   /// configs and hooks): counters, weights, hook states and RNG now;
   /// optimizer, scheduler and gradient state when the optimizers are built
   /// (the next run()/train_batch(); at once if they exist).
+  /// Each saved hook state goes to the next registered hook of the same name.
   /// @throws DataError naming the file for a missing or unreadable file, a
-  ///   missing parameter, a shape mismatch, or hooks that differ from the
-  ///   checkpoint's (names and positions).
+  ///   missing parameter, a shape mismatch, or a saved hook state that no
+  ///   registered hook (in order) takes.
   void restore_state_files(const std::map<std::string, std::string>& files);
 
   /// Target optimizer-step count for a loader with `batches_per_epoch` batches.
@@ -320,6 +333,10 @@ class TrainingStrategy {
   bool optimizer_step_skipped_ = false;
   bool stop_requested_ = false;
   bool stopped_early_ = false;
+  std::vector<BoundaryCallback> boundary_callbacks_;
+  void at_boundary(Boundary b) {
+    for (auto& fn : boundary_callbacks_) fn(*this, b);
+  }
 };
 
 }  // namespace crucible

@@ -1,0 +1,94 @@
+#pragma once
+// Checkpoints of a training run (issue 5; seed 002 save_checkpoint /
+// restore_checkpoint): the strategy's state_files() in a CheckpointStore,
+// and a hook that writes them on a cadence, at the end, and on SIGINT/SIGTERM.
+
+#include "crucible/checkpoint/checkpoint_store.h"
+#include "crucible/training/hook.h"
+#include "crucible/training/strategy.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+/// Writes `strategy.state_files()` as checkpoint `index` (-1 appends) with
+/// the counters (step, epoch, batch, epoch_step, global_step) and, when
+/// `metric` names a ValidationSummary::as_map() key and a validation exists,
+/// that metric (for RetentionPolicy::keep_best_by).
+/// @throws as CheckpointStore::save (the previous checkpoints stay intact).
+checkpoint::CheckpointEntry save_checkpoint(checkpoint::CheckpointStore& store,
+                                            TrainingStrategy& strategy, int64_t index = -1,
+                                            const std::string& metric = "");
+
+/// What restore_checkpoint used.
+struct RestoredCheckpoint {
+  int64_t index = -1;
+  /// Newer checkpoints that failed verification, with the reason (names the file).
+  std::vector<checkpoint::CheckpointFailure> skipped;
+};
+
+/// Restores checkpoint `index`, or the newest intact one when unset (newer
+/// corrupted ones are listed in `skipped`), into `strategy`
+/// (restore_state_files).
+/// @throws DataError if the store has no intact checkpoint (listing why), the
+///   requested one fails verification (naming the file), or its files do
+///   not fit the strategy.
+RestoredCheckpoint restore_checkpoint(const checkpoint::CheckpointStore& store,
+                                      TrainingStrategy& strategy,
+                                      std::optional<int64_t> index = std::nullopt);
+
+/// Options of CheckpointHook.
+struct CheckpointHookOptions {
+  int64_t every_n_steps = 0;   ///< after every n-th optimizer step (0 = off), >= 0.
+  int64_t every_n_epochs = 1;  ///< after every n-th epoch (0 = off), >= 0.
+  bool at_end = true;          ///< after training (after the final validation).
+  /// On SIGINT / SIGTERM: finish the current batch, write a checkpoint, and
+  /// make run() return (TrainingStrategy::request_stop). Default true.
+  bool on_signal = true;
+  std::string metric = "forces_mae";  ///< recorded with each checkpoint ("" = none).
+};
+
+/// Writes checkpoints at the strategy's boundaries (TrainingStrategy::
+/// add_boundary_callback, registered at SETUP), so every checkpoint resumes
+/// exactly: after a batch whose step count is a multiple of every_n_steps,
+/// after every every_n_epochs-th epoch, at the end, and when a signal
+/// stopped the run. Never writes twice for the same batch_count.
+///
+/// Signals: enter() installs SIGINT and SIGTERM handlers that only set a
+/// flag (async-signal-safe); exit() restores the previous handlers. At
+/// AFTER_BATCH the flag makes the hook call request_stop(); the stop
+/// boundary then writes the checkpoint. `signal_received()` says whether it
+/// happened (the CLI prints how to resume).
+class CheckpointHook : public Hook {
+ public:
+  /// @throws ConfigError for negative cadences; std::invalid_argument for a null store.
+  CheckpointHook(std::shared_ptr<checkpoint::CheckpointStore> store,
+                 CheckpointHookOptions options = {});
+  std::string name() const override { return "CheckpointHook"; }
+  bool runs_on_stage(TrainingStage stage) const override;
+  void operator()(TrainContext& ctx, TrainingStage stage) override;
+  void enter() override;
+  void exit(bool failed) override;
+
+  /// Entries written by this hook, in order.
+  const std::vector<checkpoint::CheckpointEntry>& written() const { return written_; }
+  bool signal_received() const { return signal_received_; }
+  /// Sets the flag a SIGINT/SIGTERM would set (tests, embedding apps).
+  static void simulate_signal();
+
+ private:
+  void on_boundary(TrainingStrategy& s, TrainingStrategy::Boundary b);
+  std::shared_ptr<checkpoint::CheckpointStore> store_;
+  CheckpointHookOptions options_;
+  std::vector<checkpoint::CheckpointEntry> written_;
+  int64_t last_saved_batch_ = -1;
+  bool registered_ = false;
+  bool signal_received_ = false;
+  bool handlers_installed_ = false;
+};
+
+}  // namespace crucible

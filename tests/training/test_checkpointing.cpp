@@ -1,0 +1,155 @@
+// CheckpointHook and save/restore_checkpoint (issue 5): checkpoints on a
+// step cadence and at a signal resume exactly; a corrupted newest checkpoint
+// is reported by file name and the newest intact one is used.
+
+#include "crucible/common/error.h"
+#include "crucible/training/checkpointing.h"
+#include "toy_model.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace crucible {
+namespace {
+
+using testing::energy_forces_loss;
+using testing::ToyModel;
+using testing::toy_dataset;
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p;
+}
+
+struct ToyRun {
+  ToyModel model;
+  std::unique_ptr<TrainingStrategy> strategy;
+  std::shared_ptr<AtomicDataset> data = toy_dataset(8);
+  explicit ToyRun(double a = 1.0) : model(a, 1.0, 0.0) {
+    StrategyOptions o;
+    o.num_steps = 9;
+    o.dtype = at::kDouble;
+    o.optimizer.lr = 0.02;
+    SchedulerConfig sc;
+    sc.name = "cosine";
+    o.optimizer.scheduler = sc;
+    strategy = std::make_unique<TrainingStrategy>(model.ptr(), o, energy_forces_loss());
+  }
+  void run() {
+    DataLoader loader(data, {2, true, 3, false});
+    strategy->run(loader);
+  }
+};
+
+TEST(CheckpointHook, StepCadenceCheckpointsResumeExactly) {
+  ToyRun full;
+  full.run();
+
+  const fs::path dir = fresh_dir("crucible_ckpt_cadence");
+  auto store = std::make_shared<checkpoint::CheckpointStore>(dir);
+  ToyRun first;
+  CheckpointHookOptions ho;
+  ho.every_n_steps = 3;
+  ho.every_n_epochs = 0;
+  auto hook = std::make_shared<CheckpointHook>(store, ho);
+  first.strategy->register_hook(hook);
+  first.run();
+  const auto entries = store->list();
+  ASSERT_EQ(entries.size(), 4u);  // steps 3, 6, 9 and the end (after the final state)
+  EXPECT_EQ(entries[0].counters.step_count, 3);
+  EXPECT_EQ(entries[1].counters.step_count, 6);
+  EXPECT_EQ(entries[2].counters.step_count, 9);
+  EXPECT_EQ(entries[0].counters.extra.at("batch_count"), 3);
+
+  // Resume from the step-3 checkpoint in a fresh strategy (other weights).
+  ToyRun resumed(0.3);
+  const auto r = restore_checkpoint(*store, *resumed.strategy, entries[0].index);
+  EXPECT_EQ(r.index, entries[0].index);
+  EXPECT_EQ(resumed.strategy->step_count, 3);
+  resumed.run();
+  EXPECT_TRUE(resumed.model->a.equal(full.model->a));
+  EXPECT_TRUE(resumed.model->b.equal(full.model->b));
+  EXPECT_TRUE(resumed.model->c.equal(full.model->c));
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointHook, SignalStopsAfterTheBatchWritesACheckpointAndResumes) {
+  ToyRun full;
+  full.run();
+
+  const fs::path dir = fresh_dir("crucible_ckpt_signal");
+  auto store = std::make_shared<checkpoint::CheckpointStore>(dir);
+  ToyRun first;
+  CheckpointHookOptions ho;
+  ho.every_n_epochs = 0;
+  ho.at_end = false;
+  auto hook = std::make_shared<CheckpointHook>(store, ho);
+  first.strategy->register_hook(hook);
+  first.strategy->register_hook(std::make_shared<LambdaHook>(
+      "sigterm at batch 5", std::set<TrainingStage>{TrainingStage::BEFORE_BATCH},
+      [](TrainContext& ctx, TrainingStage) {
+        if (ctx.batch_count == 4) CheckpointHook::simulate_signal();
+      }));
+  first.run();
+  EXPECT_TRUE(hook->signal_received());
+  EXPECT_TRUE(first.strategy->stopped_early());
+  EXPECT_EQ(first.strategy->batch_count, 5);  // the batch in progress was finished
+  ASSERT_EQ(store->list().size(), 1u);
+
+  ToyRun resumed(0.3);
+  restore_checkpoint(*store, *resumed.strategy);
+  resumed.run();
+  EXPECT_TRUE(resumed.model->a.equal(full.model->a));
+  EXPECT_TRUE(resumed.model->c.equal(full.model->c));
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointHook, CorruptedNewestCheckpointFallsBackNamingTheFile) {
+  const fs::path dir = fresh_dir("crucible_ckpt_corrupt");
+  auto store = std::make_shared<checkpoint::CheckpointStore>(dir);
+  ToyRun first;
+  CheckpointHookOptions ho;
+  ho.every_n_steps = 4;
+  ho.every_n_epochs = 0;
+  ho.at_end = false;
+  first.strategy->register_hook(std::make_shared<CheckpointHook>(store, ho));
+  first.run();
+  const auto entries = store->list();
+  ASSERT_EQ(entries.size(), 2u);  // steps 4 and 8
+  // Flip one byte of the newest checkpoint's model file.
+  const fs::path victim = dir / entries[1].dir / "model.main.pt";
+  ASSERT_TRUE(fs::exists(victim));
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    char c = 0;
+    f.get(c);
+    f.seekp(100);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  ToyRun resumed(0.3);
+  const auto r = restore_checkpoint(*store, *resumed.strategy);
+  EXPECT_EQ(r.index, entries[0].index);
+  EXPECT_EQ(resumed.strategy->step_count, 4);
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_EQ(r.skipped[0].index, entries[1].index);
+  EXPECT_NE(r.skipped[0].message.find("model.main.pt"), std::string::npos) << r.skipped[0].message;
+  // Asking for the corrupted one by index is an error naming the file.
+  ToyRun other;
+  try {
+    restore_checkpoint(*store, *other.strategy, entries[1].index);
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.main.pt"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace crucible
