@@ -70,6 +70,13 @@ int run(int argc, char** argv) {
                     "data.train_file=foo.xyz (values parsed as YAML)");
   train->add_option("-o,--run-dir", run_dir_flag, "Same as output.run_dir=DIR");
   train->add_flag("--overwrite", overwrite_flag, "Same as output.overwrite=true");
+  std::string resume_dir;
+  int64_t resume_checkpoint = -1;
+  train->add_option("--resume", resume_dir,
+                    "Continue the unfinished run in this directory from its newest intact "
+                    "checkpoint (its config.yaml, plus any overrides given)");
+  train->add_option("--checkpoint", resume_checkpoint,
+                    "With --resume: the checkpoint index to continue from");
   train->add_flag("--print-config", print_config,
                   "Print the resolved config (defaults + file + overrides) as YAML and exit");
 
@@ -121,6 +128,20 @@ int run(int argc, char** argv) {
   }
 
   if (train->parsed()) {
+    ResumeOptions resume;
+    if (!resume_dir.empty()) {
+      if (!train_config.empty() || !run_dir_flag.empty() || overwrite_flag) {
+        throw ConfigError("--resume takes the run's own config.yaml and directory; --config, "
+                          "--run-dir and --overwrite must not be given with it");
+      }
+      resume.resume = true;
+      train_config = resume_dir + "/config.yaml";
+      run_dir_flag = resume_dir;
+    }
+    if (resume_checkpoint >= 0) {
+      if (!resume.resume) throw ConfigError("--checkpoint needs --resume RUN_DIR");
+      resume.checkpoint = resume_checkpoint;
+    }
     // --run-dir is taken verbatim (not YAML-parsed), so any path works.
     Config config = resolve_config(train_config, train_overrides);
     if (!run_dir_flag.empty()) config.output.run_dir = run_dir_flag;
@@ -131,7 +152,7 @@ int run(int argc, char** argv) {
     }
     std::string command_line;
     for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + shell_quote(argv[i]);
-    run_training(config, std::cout, std::cerr, command_line);
+    run_training(config, std::cout, std::cerr, command_line, resume);
     return 0;
   }
   if (evaluate->parsed()) {

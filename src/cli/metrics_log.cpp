@@ -2,6 +2,8 @@
 
 #include "crucible/cli/metrics_log.h"
 
+#include <filesystem>
+
 #include "crucible/common/error.h"
 #include "crucible/losses/loss.h"
 #include "crucible/training/metrics.h"
@@ -44,13 +46,22 @@ bool MetricsJsonlHook::runs_on_stage(TrainingStage stage) const {
 void MetricsJsonlHook::enter() {
   file_.close();
   file_.clear();
-  file_.open(path_, std::ios::out | std::ios::trunc);
+  std::error_code ec;
+  const bool has_lines = options_.append && std::filesystem::file_size(path_, ec) > 0 && !ec;
+  curve_ = LearningCurve{};
+  if (has_lines) {
+    try {
+      curve_ = read_learning_curve_jsonl(path_);  // a crash may have cut the last line
+    } catch (const DataError&) {
+      curve_ = LearningCurve{};
+    }
+  }
+  file_.open(path_, std::ios::out | (has_lines ? std::ios::app : std::ios::trunc));
   if (!file_) throw DataError(path_ + ": metrics file cannot be created");
   start_ = std::chrono::steady_clock::now();
   step_lrs_.clear();
   training_done_ = false;
   lines_ = 0;
-  curve_ = LearningCurve{};
   curve_error_.clear();
 }
 

@@ -2,6 +2,8 @@
 
 #include "crucible/cli/progress.h"
 
+#include <filesystem>
+
 #include "crucible/common/error.h"
 #include "crucible/data/batch.h"
 #include "crucible/losses/loss.h"
@@ -336,14 +338,17 @@ void ProgressBarHook::finish_line() {
 
 // ------------------------------------------------------------------ csv ----
 
-MetricsCsvHook::MetricsCsvHook(std::string path, std::vector<std::string> loss_terms)
-    : path_(std::move(path)), loss_terms_(std::move(loss_terms)) {}
+MetricsCsvHook::MetricsCsvHook(std::string path, std::vector<std::string> loss_terms, bool append)
+    : path_(std::move(path)), loss_terms_(std::move(loss_terms)), append_(append) {}
 
 void MetricsCsvHook::enter() {
   EpochReportHook::enter();
   file_.close();
-  file_.open(path_, std::ios::out | std::ios::trunc);
+  std::error_code ec;
+  const bool has_rows = append_ && std::filesystem::file_size(path_, ec) > 0 && !ec;
+  file_.open(path_, std::ios::out | (has_rows ? std::ios::app : std::ios::trunc));
   if (!file_) throw DataError(path_ + ": metrics file cannot be created");
+  if (has_rows) return;
   file_ << "epoch,step,elapsed_s,train_loss";
   for (const auto& t : loss_terms_) file_ << ",train_loss_" << t;
   for (const auto& m : validation_metric_names()) file_ << ",valid_" << m;

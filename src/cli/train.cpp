@@ -10,6 +10,7 @@
 #include "crucible/data/extxyz.h"
 #include "crucible/losses/loss.h"
 #include "crucible/models/schnet.h"
+#include "crucible/training/checkpointing.h"
 #include "crucible/training/ema.h"
 #include "crucible/training/gradient_accumulation.h"
 #include "crucible/training/gradient_clipping.h"
@@ -22,6 +23,8 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -198,7 +201,7 @@ std::string resolve_data_path(const std::string& path, const std::string& key) {
 }
 
 TrainResult run_training(const Config& input_config, std::ostream& out, std::ostream& err,
-                         const std::string& command_line) {
+                         const std::string& command_line, const ResumeOptions& resume) {
   const auto t0 = std::chrono::steady_clock::now();
   Config config = input_config;
   validate_config(config);
@@ -369,7 +372,29 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   lo.seed = static_cast<uint64_t>(tc.seed);
   DataLoader loader(train_ds, lo);
 
-  const fs::path run_dir = choose_run_dir(config.output);
+  fs::path run_dir;
+  if (resume.resume) {
+    if (!config.output.run_dir) throw ConfigError("--resume needs a run directory, got none");
+    run_dir = *config.output.run_dir;
+    if (!fs::exists(run_dir / "config.yaml") || !fs::exists(run_dir / "checkpoints")) {
+      throw ConfigError("--resume " + run_dir.string() + ": must be a run directory with "
+                        "config.yaml and checkpoints/, got neither or only one");
+    }
+    if (fs::exists(run_dir / "summary.json")) {
+      throw ConfigError("--resume " + run_dir.string() + ": the run finished (summary.json "
+                        "exists); nothing to resume");
+    }
+    const auto diffs = recipe_differences(load_config_file((run_dir / "config.yaml").string()),
+                                          config);
+    if (!diffs.empty()) {
+      std::string list;
+      for (const auto& d : diffs) list += "\n  " + d;
+      throw ConfigError("--resume " + run_dir.string() + ": the recipe must match the "
+                        "checkpointed run's, got differences:" + list);
+    }
+  } else {
+    run_dir = choose_run_dir(config.output);
+  }
   config.output.run_dir = run_dir.string();
 
   // On a terminal a live bar per epoch (before the epoch lines it must not cut).
@@ -381,9 +406,11 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   MetricsJsonlOptions jsonl_options;
   jsonl_options.log_every_n_steps = config.output.log_every_n_steps;
   jsonl_options.learning_curve_path = (run_dir / "learning_curve.svg").string();
+  jsonl_options.append = resume.resume;
   auto jsonl = std::make_shared<MetricsJsonlHook>((run_dir / "metrics.jsonl").string(),
                                                   jsonl_options);
-  auto csv = std::make_shared<MetricsCsvHook>((run_dir / "metrics.csv").string(), terms);
+  auto csv = std::make_shared<MetricsCsvHook>((run_dir / "metrics.csv").string(), terms,
+                                              /*append=*/resume.resume);
   TrainingStrategy strategy(model.ptr(), sopt, std::move(loss), {bar, progress, csv, jsonl});
   const int64_t target_steps = strategy.target_step_count(loader.size());
   // Canonical update hooks (seed 001), folded into one orchestrator.
@@ -488,15 +515,64 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   out << fmt::format("  run_dir    {}\n", run_dir.string());
   out.flush();
 
+  // ---- checkpoints: cadence, end of training, SIGINT/SIGTERM.
+  checkpoint::RetentionPolicy retention;
+  retention.keep_last = static_cast<size_t>(config.output.keep_last_checkpoints);
+  retention.keep_best_by = "forces_mae";
+  CheckpointHookOptions ckpt_options;
+  ckpt_options.every_n_steps = config.output.checkpoint_every_n_steps;
+  ckpt_options.every_n_epochs = config.output.checkpoint_every_n_epochs;
+  std::shared_ptr<checkpoint::CheckpointStore> store;
+  std::shared_ptr<CheckpointHook> ckpt_hook;
+
   // ---- run directory: config first, summary last.
-  prepare_run_dir(run_dir);
-  {
+  if (resume.resume) {
+    store = std::make_shared<checkpoint::CheckpointStore>(run_dir / "checkpoints", retention);
+    ckpt_hook = std::make_shared<CheckpointHook>(store, ckpt_options);
+    strategy.register_hook(ckpt_hook);
+    const auto restored = restore_checkpoint(*store, strategy, resume.checkpoint);
+    for (const auto& f : restored.skipped) {
+      err << "crucible: warning: checkpoint " << f.index << " is damaged (" << f.message
+          << "); using an older one\n";
+    }
+    out << fmt::format("resuming from checkpoint {} (step {}, epoch {}, batch {} of the epoch)\n",
+                       restored.index, strategy.step_count, strategy.epoch_count,
+                       strategy.epoch_step_count);
+  } else {
+    prepare_run_dir(run_dir);
     std::string header = "# Resolved configuration of this run (every key).\n";
     if (!command_line.empty()) header += "# Command: " + command_line + "\n";
     write_file_atomically(run_dir / "config.yaml", header + dump_config(config, false));
+    std::error_code ec;
+    fs::remove_all(run_dir / "checkpoints", ec);  // an overwritten run's
+    store = std::make_shared<checkpoint::CheckpointStore>(run_dir / "checkpoints", retention);
+    ckpt_hook = std::make_shared<CheckpointHook>(store, ckpt_options);
+    strategy.register_hook(ckpt_hook);
   }
 
+  // Fault injection for the end-to-end tests: a real SIGTERM after batch N.
+  if (const char* at = std::getenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH")) {
+    const int64_t n = std::atoll(at);
+    strategy.register_hook(std::make_shared<LambdaHook>(
+        "fault injection", std::set<TrainingStage>{TrainingStage::AFTER_BATCH},
+        [n](TrainContext& ctx, TrainingStage) {
+          if (ctx.batch_count == n) std::raise(SIGTERM);
+        }));
+  }
   strategy.run(loader);
+  if (ckpt_hook->signal_received()) {
+    out << fmt::format("stopped by a signal after step {} (epoch {}); checkpoint written to {}\n"
+                       "resume with: crucible train --resume {}\n",
+                       strategy.step_count, strategy.epoch_count, (run_dir / "checkpoints").string(),
+                       run_dir.string());
+    out.flush();
+    TrainResult stopped;
+    stopped.run_dir = run_dir.string();
+    stopped.steps = strategy.step_count;
+    stopped.epochs = strategy.epoch_count;
+    stopped.stopped = true;
+    return stopped;
+  }
   if (!jsonl->curve_error().empty()) {
     err << "crucible: warning: " << jsonl->curve_error() << "\n";
   }

@@ -584,6 +584,21 @@ std::vector<Key> build_schema() {
   add("output.overwrite", Kind::kBool, "",
       "Allow writing into an existing run directory (a finished run there is replaced).",
       [](Config& c) -> void* { return &c.output.overwrite; });
+  min_incl(add("output.checkpoint_every_n_steps", Kind::kInt, "",
+               "Write a checkpoint (run_dir/checkpoints/) after every n-th optimizer step; 0 = "
+               "off. SIGINT/SIGTERM also write one after the current batch.",
+               [](Config& c) -> void* { return &c.output.checkpoint_every_n_steps; }),
+           0.0);
+  min_incl(add("output.checkpoint_every_n_epochs", Kind::kInt, "",
+               "Write a checkpoint after every n-th epoch; 0 = off (one is always written at "
+               "the end).",
+               [](Config& c) -> void* { return &c.output.checkpoint_every_n_epochs; }),
+           0.0);
+  min_incl(add("output.keep_last_checkpoints", Kind::kInt, "",
+               "Keep the newest n checkpoints plus the best by validation forces_mae; 0 = keep "
+               "all.",
+               [](Config& c) -> void* { return &c.output.keep_last_checkpoints; }),
+           0.0);
   min_incl(add("output.log_every_n_steps", Kind::kInt, "",
                "metrics.jsonl gets a training line (loss, its terms, lr) at optimizer steps "
                "1, 1+n, 1+2n, ... and a line per validation.",
@@ -1504,6 +1519,22 @@ std::shared_ptr<const LossWeightSchedule> loss_weight_schedule(const LossSetting
 double max_loss_weight(const LossSettings& l, const std::string& name) {
   const auto [w0, w1] = loss_weights(l, name);
   return l.schedule == "constant" ? w0 : std::max(w0, w1);
+}
+
+std::vector<std::string> recipe_differences(const Config& saved, const Config& now) {
+  static const std::vector<std::string> prefixes = {
+      "data.",        "model.",          "training.batch_size", "training.seed",
+      "training.dtype", "training.precision", "training.optimizer.name",
+      "training.scheduler.name", "training.gradient_accumulation_steps", "training.device"};
+  std::vector<std::string> out;
+  for (const auto& key : schema()) {
+    bool matters = false;
+    for (const auto& p : prefixes) matters = matters || key.path.rfind(p, 0) == 0;
+    if (!matters) continue;
+    const std::string a = value_text(key, saved), b = value_text(key, now);
+    if (a != b) out.push_back(key.path + ": " + a + " -> " + b);
+  }
+  return out;
 }
 
 }  // namespace crucible

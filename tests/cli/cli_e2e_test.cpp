@@ -289,6 +289,53 @@ TEST(Examples, DistillationStudentApproachesTheFrozenTeacher) {
       << out;
 }
 
+// Issue 5: SIGTERM mid-run writes a checkpoint and exits cleanly; --resume
+// continues at the next batch and ends exactly where an uninterrupted run does.
+TEST_F(CliTest, SigtermThenResumeMatchesAnUninterruptedRun) {
+  const fs::path full = dir_ / "run_full";
+  auto args = tiny_args(full.string());
+  args.push_back("training.num_epochs=3");
+  Result r = run_crucible(dir_, args);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+
+  const fs::path cut = dir_ / "run_cut";
+  args = tiny_args(cut.string());
+  args.push_back("training.num_epochs=3");
+  ::setenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH", "4", 1);
+  r = run_crucible(dir_, args);
+  ::unsetenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  // The signal arrives at the end of batch 4, after the checkpoint hook
+  // looked: batch 5 finishes, then the run stops.
+  EXPECT_NE(r.out.find("stopped by a signal after step 5"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resume with: crucible train --resume " + cut.string()),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(fs::exists(cut / "summary.json"));
+  EXPECT_TRUE(fs::exists(cut / "checkpoints" / "manifest.json"));
+
+  // A recipe change that matters is refused, listing the key.
+  r = run_crucible(dir_, {"train", "--resume", cut.string(), "model.hidden_channels=16"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("model.hidden_channels: 8 -> 16"), std::string::npos) << r.err;
+
+  r = run_crucible(dir_, {"train", "--resume", cut.string()});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("resuming from checkpoint"), std::string::npos) << r.out;
+  const auto a = nlohmann::json::parse(read_text(full / "summary.json")).at("validation");
+  const auto b = nlohmann::json::parse(read_text(cut / "summary.json")).at("validation");
+  for (const char* k : {"energy_mae", "forces_mae", "stress_mae"}) {
+    EXPECT_EQ(a.at(k), b.at(k)) << k;  // bit-identical continuation
+  }
+  // The metrics of both halves are in one metrics.jsonl.
+  const std::string jsonl = read_text(cut / "metrics.jsonl");
+  EXPECT_NE(jsonl.find("\"step\":1,"), std::string::npos) << jsonl.substr(0, 400);
+  // A finished run cannot be resumed.
+  r = run_crucible(dir_, {"train", "--resume", cut.string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("the run finished"), std::string::npos) << r.err;
+}
+
 TEST_F(CliTest, BadConfigFromTheCatalogStopsBeforeAnythingIsWritten) {
   const fs::path run = dir_ / "run_bad_config";
   auto args = tiny_args(run.string());

@@ -26,6 +26,7 @@ struct TrainResult {
   double wall_seconds = 0;              ///< total wall time of the command, s.
   int64_t steps = 0;                    ///< optimizer steps taken.
   int64_t epochs = 0;                   ///< epochs completed.
+  bool stopped = false;                 ///< stopped by a signal (resumable).
 };
 
 /// `crucible train`: reads and checks all data and the config, then creates
@@ -34,8 +35,22 @@ struct TrainResult {
 /// (warnings to `err`). `command_line` is recorded in config.yaml.
 /// @throws ConfigError / DataError for user errors, before the run directory
 ///         is created when they concern the inputs.
+/// `crucible train --resume RUN_DIR [--checkpoint N]`.
+struct ResumeOptions {
+  bool resume = false;                 ///< continue config.output.run_dir.
+  std::optional<int64_t> checkpoint;   ///< checkpoint index; unset = newest intact.
+};
+
+/// With `resume.resume`: the run directory must hold an unfinished run
+/// (config.yaml, checkpoints/, no summary.json); its recipe must not differ
+/// from `config` in a key that matters (recipe_differences: ConfigError
+/// listing them); the checkpoint is restored (the newest intact one, saying
+/// which newer ones were skipped and why) and training continues at the
+/// exact next batch; metrics files are appended to.
+/// A SIGINT/SIGTERM during training finishes the batch, writes a checkpoint
+/// and returns (TrainResult::stopped) after printing how to resume.
 TrainResult run_training(const Config& config, std::ostream& out, std::ostream& err,
-                         const std::string& command_line = "");
+                         const std::string& command_line = "", const ResumeOptions& resume = {});
 
 /// Options of `crucible evaluate`.
 struct EvaluateRequest {

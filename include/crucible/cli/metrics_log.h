@@ -21,6 +21,9 @@ struct MetricsJsonlOptions {
   /// Where exit() writes the learning curve (see write_learning_curve_svg);
   /// empty = no picture. Default empty.
   std::string learning_curve_path;
+  /// A resumed run: lines are appended to an existing file, and the
+  /// learning curve starts from the lines already there. Default false.
+  bool append = false;
 };
 
 /// Writes `path` as JSON lines, one object per line, flushed after each:

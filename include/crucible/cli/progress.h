@@ -91,9 +91,12 @@ class MetricsCsvHook : public EpochReportHook {
  public:
   /// `loss_terms`: names of the loss components to log ("energy", "forces", ...).
   /// The file is created (truncated) by enter().
-  MetricsCsvHook(std::string path, std::vector<std::string> loss_terms);
+  /// `append` (a resumed run): rows are added to an existing non-empty file
+  /// without a new header.
+  MetricsCsvHook(std::string path, std::vector<std::string> loss_terms, bool append = false);
   std::string name() const override { return "MetricsCsvHook"; }
-  /// Opens the file and writes the header. @throws DataError if it cannot be created.
+  /// Opens the file and writes the header (unless appending to a non-empty
+  /// file). @throws DataError if it cannot be created.
   void enter() override;
   void exit(bool failed) override;
 
@@ -103,6 +106,7 @@ class MetricsCsvHook : public EpochReportHook {
  private:
   std::string path_;
   std::vector<std::string> loss_terms_;
+  bool append_ = false;
   std::ofstream file_;
 };
 

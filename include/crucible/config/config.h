@@ -192,7 +192,11 @@ struct OutputConfig {
   std::optional<std::string> run_dir;  ///< unset = runs/<YYYYmmdd-HHMMSS>.
   bool overwrite = false;              ///< replace an existing run directory.
   int64_t log_every_n_steps = 10;      ///< metrics.jsonl: a train line every n steps, >= 1.
+  int64_t checkpoint_every_n_steps = 0;   ///< checkpoints/ every n steps; 0 = off.
+  int64_t checkpoint_every_n_epochs = 1;  ///< checkpoints/ every n epochs; 0 = off.
+  int64_t keep_last_checkpoints = 3;      ///< retention (plus the best by forces_mae); 0 = all.
 };
+
 
 /// The whole configuration of `crucible train`.
 struct Config {
@@ -210,6 +214,11 @@ struct ConfigKeyInfo {
   std::string units;          ///< physical unit, "" if dimensionless.
   std::string doc;            ///< what the key means.
 };
+
+/// The keys whose change makes a checkpoint unfit to resume (model, data,
+/// batching, seed, dtype/precision, optimizer and schedule kind): a list of
+/// "key: <saved> -> <now>" for each that differs between two configs.
+std::vector<std::string> recipe_differences(const Config& saved, const Config& now);
 
 /// The defaults (what an empty config file gives).
 Config default_config();
