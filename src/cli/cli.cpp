@@ -13,6 +13,8 @@
 
 #include <iostream>
 #include <optional>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -116,6 +118,20 @@ int run(int argc, char** argv) {
   config_cmd->add_flag("--markdown", markdown, "Print the table of keys as Markdown");
   config_cmd->add_option("-c,--config", cfg_file, "YAML config file to resolve")
       ->check(CLI::ExistingFile);
+
+  // spec
+  std::string spec_config, spec_file;
+  std::vector<std::string> spec_overrides;
+  CLI::App* spec_cmd = app.add_subcommand(
+      "spec", "The training recipe as a JSON spec (every config key, typed): dump or validate.");
+  spec_cmd->require_subcommand(1);
+  CLI::App* spec_dump = spec_cmd->add_subcommand(
+      "dump", "Print the recipe of a config file (or the defaults) with overrides as JSON");
+  spec_dump->add_option("-c,--config", spec_config, "YAML config file")->check(CLI::ExistingFile);
+  spec_dump->add_option("overrides", spec_overrides, "Config overrides key.path=value");
+  CLI::App* spec_validate = spec_cmd->add_subcommand(
+      "validate", "Check a JSON spec: unknown keys and wrong types are errors naming the key");
+  spec_validate->add_option("file", spec_file, "JSON spec file")->required();
   config_cmd->add_option("overrides", cfg_overrides, "Config overrides key.path=value");
 
   try {
@@ -168,6 +184,19 @@ int run(int argc, char** argv) {
     add("stress_unit", e_stress_unit);
     if (!e_json.empty()) eval.json_path = e_json;
     run_evaluation(eval, std::cout, std::cerr);
+    return 0;
+  }
+  if (spec_dump->parsed()) {
+    std::cout << config_to_spec_json(resolve_config(spec_config, spec_overrides));
+    return 0;
+  }
+  if (spec_validate->parsed()) {
+    std::ifstream in(spec_file, std::ios::binary);
+    if (!in) throw ConfigError("spec file '" + spec_file + "' cannot be opened (does it exist?)");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    (void)config_from_spec_json(ss.str(), spec_file);
+    std::cout << spec_file << ": valid spec\n";
     return 0;
   }
   if (config_cmd->parsed()) {

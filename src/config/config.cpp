@@ -11,6 +11,7 @@
 #include "crucible/training/optimizers.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -1534,6 +1535,108 @@ std::vector<std::string> recipe_differences(const Config& saved, const Config& n
     const std::string a = value_text(key, saved), b = value_text(key, now);
     if (a != b) out.push_back(key.path + ": " + a + " -> " + b);
   }
+  return out;
+}
+
+namespace {
+
+constexpr const char* kSpecFormat = "crucible-spec";
+constexpr int kSpecVersion = 1;
+
+nlohmann::ordered_json spec_value(const Key& key, const Config& config) {
+  void* p = key.ref(const_cast<Config&>(config));
+  switch (key.kind) {
+    case Kind::kString:
+      return as<std::string>(p);
+    case Kind::kOptString: {
+      const auto& v = as<std::optional<std::string>>(p);
+      return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json();
+    }
+    case Kind::kInt:
+      return as<int64_t>(p);
+    case Kind::kOptInt: {
+      const auto& v = as<std::optional<int64_t>>(p);
+      return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json();
+    }
+    case Kind::kFloat:
+      return as<double>(p);
+    case Kind::kBool:
+      return as<bool>(p);
+    case Kind::kUnit: {
+      const auto& u = as<UnitSetting>(p);
+      return u.name.empty() ? nlohmann::ordered_json(u.factor) : nlohmann::ordered_json(u.name);
+    }
+    case Kind::kWeightMap: {
+      nlohmann::ordered_json m = nlohmann::ordered_json::object();
+      for (const auto& [name, w] : as<std::map<std::string, double>>(p)) m[name] = w;
+      return m;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string config_to_spec_json(const Config& config) {
+  nlohmann::ordered_json root;
+  root["format"] = kSpecFormat;
+  root["spec_version"] = kSpecVersion;
+  nlohmann::ordered_json cfg = nlohmann::ordered_json::object();
+  for (const auto& key : schema()) {
+    nlohmann::ordered_json* node = &cfg;
+    std::stringstream ps(key.path);
+    std::vector<std::string> parts;
+    for (std::string part; std::getline(ps, part, '.');) parts.push_back(part);
+    for (size_t i = 0; i + 1 < parts.size(); ++i) node = &(*node)[parts[i]];
+    (*node)[parts.back()] = spec_value(key, config);
+  }
+  root["config"] = cfg;
+  return root.dump(2) + "\n";
+}
+
+Config config_from_spec_json(const std::string& text, const std::string& source) {
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ConfigError(source + ": spec must be valid JSON, got a syntax error (" + e.what() + ")");
+  }
+  if (!root.is_object()) throw ConfigError(source + ": spec must be a JSON object");
+  for (const auto& [k, v] : root.items()) {
+    (void)v;
+    if (k != "format" && k != "spec_version" && k != "config") {
+      throw ConfigError(source + ": unknown spec key '" + k +
+                        "'; known keys: format, spec_version, config");
+    }
+  }
+  if (!root.contains("format") || root["format"] != kSpecFormat) {
+    throw ConfigError(source + ": spec format must be \"" + kSpecFormat + "\", got " +
+                      (root.contains("format") ? root["format"].dump() : std::string("none")));
+  }
+  if (!root.contains("spec_version") || root["spec_version"] != kSpecVersion) {
+    throw ConfigError(source + ": spec_version must be " + std::to_string(kSpecVersion) +
+                      ", got " +
+                      (root.contains("spec_version") ? root["spec_version"].dump()
+                                                     : std::string("none")));
+  }
+  if (!root.contains("config") || !root["config"].is_object()) {
+    throw ConfigError(source + ": spec key 'config' must be an object of config sections");
+  }
+  // JSON is YAML: the config goes through the YAML loader (key paths, types,
+  // unknown keys), with lines counted in the original text.
+  Config out = default_config();
+  YAML::Node doc;
+  try {
+    doc = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ": invalid spec: " + e.msg);
+  }
+  YAML::Node cfg = doc["config"];
+  LayerState layer;
+  Source src{source, false};
+  apply_mapping(out, cfg, "", src, layer);
+  finish_layer(out, layer);
+  validate_config(out);
   return out;
 }
 

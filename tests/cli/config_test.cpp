@@ -236,6 +236,46 @@ TEST(Config, BadConfigCatalogIsRejectedNamingTheKey) {
   }
 }
 
+// Issue 5 deliverable 5: the recipe as a JSON spec. to spec, text, from
+// spec, to spec is the identity; bad specs are rejected naming the key path.
+TEST(Spec, RoundTripAndErrorsNameTheKey) {
+  Config c = default_config();
+  apply_overrides(c, {"training.num_steps=123", "training.optimizer.name=sgd",
+                      "training.optimizer.momentum=0.9", "training.loss.kind=huber",
+                      "training.loss.config_type_weights={bulk: 2.5}", "data.energy_unit=kcal/mol",
+                      "training.precision=bf16-mixed", "output.run_dir=some/dir"});
+  validate_config(c);
+  const std::string spec = config_to_spec_json(c);
+  const Config back = config_from_spec_json(spec, "spec.json");
+  EXPECT_TRUE(back == c);
+  EXPECT_EQ(config_to_spec_json(back), spec);
+  EXPECT_EQ(back.training.num_steps.value(), 123);
+  EXPECT_FALSE(back.training.num_epochs.has_value());
+  EXPECT_EQ(back.training.loss.config_type_weights.at("bulk"), 2.5);
+  EXPECT_NE(spec.find("\"format\": \"crucible-spec\""), std::string::npos);
+
+  auto error = [](const std::string& text) {
+    return config_error([&] { config_from_spec_json(text, "bad.json"); });
+  };
+  std::string msg = error(R"({"format": "crucible-spec", "spec_version": 1,
+    "config": {"training": {"optimizer": {"lrr": 0.1}}}})");
+  EXPECT_NE(msg.find("unknown config key 'training.optimizer.lrr' in bad.json (line 2)"),
+            std::string::npos)
+      << msg;
+  msg = error(R"({"format": "crucible-spec", "spec_version": 1,
+    "config": {"training": {"batch_size": "four"}}})");
+  EXPECT_NE(msg.find("training.batch_size must be an integer, got the string 'four' in "
+                     "bad.json (line 2)"),
+            std::string::npos)
+      << msg;
+  msg = error(R"({"format": "crucible-spec", "spec_version": 2, "config": {}})");
+  EXPECT_EQ(msg, "bad.json: spec_version must be 1, got 2");
+  msg = error(R"({"format": "crucible-spec", "spec_version": 1, "config": {}, "hooks": []})");
+  EXPECT_EQ(msg, "bad.json: unknown spec key 'hooks'; known keys: format, spec_version, config");
+  msg = error("{\"format\": ");
+  EXPECT_NE(msg.find("bad.json: spec must be valid JSON"), std::string::npos) << msg;
+}
+
 TEST(Config, InvalidYamlReportsFileAndLine) {
   const std::string msg = config_error([] { from_yaml("training:\n  batch_size: [1, 2\n"); });
   EXPECT_NE(msg.find("cfg.yaml:"), std::string::npos) << msg;

@@ -290,6 +290,21 @@ std::string dump_config(const Config& config, bool comments = true);
 /// Markdown table of every key (path, type, default, units, meaning).
 std::string config_keys_markdown();
 
+/// The recipe as a JSON spec (issue 5, seed 002 to_spec_dict): {"format":
+/// "crucible-spec", "spec_version": 1, "config": {every key, nested by
+/// section, with its typed value}}. Deterministic: the same config gives
+/// the same text.
+std::string config_to_spec_json(const Config& config);
+
+/// Reads a spec written by config_to_spec_json (from_spec): starts from the
+/// defaults, applies every key of "config" (unknown keys and wrong types
+/// are ConfigErrors naming the key path and the line), then validates.
+/// `source` names the text in messages.
+/// @throws ConfigError for invalid JSON ("<source>:<line>:<col>"), a missing
+///   or other format / spec_version, a top-level key other than format,
+///   spec_version and config, or any config error.
+Config config_from_spec_json(const std::string& text, const std::string& source);
+
 bool operator==(const Config& a, const Config& b);
 inline bool operator!=(const Config& a, const Config& b) { return !(a == b); }
 
