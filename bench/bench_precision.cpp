@@ -42,10 +42,7 @@ Row run_mode(const std::string& mode, int64_t epochs, const Config& config,
   const at::Tensor e0 = fit_reference_energies(train);
   const auto [scale, shift] = fit_energy_scale_shift(train, e0);
   model->set_energy_normalization(e0, scale, shift);
-  WeightedSumLoss loss;
-  loss.add(std::make_shared<EnergyMSELoss>(tc.loss.energy_per_atom), tc.loss.energy_weight);
-  loss.add(std::make_shared<ForcesMSELoss>(), tc.loss.forces_weight);
-  loss.add(std::make_shared<StressMSELoss>(), tc.loss.stress_weight);
+  WeightedSumLoss loss = loss_from_settings(tc.loss);
   StrategyOptions opt;
   opt.num_epochs = epochs;
   opt.optimizer.lr = tc.optimizer.lr;

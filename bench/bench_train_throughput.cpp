@@ -37,10 +37,7 @@ struct Fixture {
     const at::Tensor e0 = fit_reference_energies(structures);
     const auto [scale, shift] = fit_energy_scale_shift(structures, e0);
     model->set_energy_normalization(e0, scale, shift);
-    WeightedSumLoss loss;
-    loss.add(std::make_shared<EnergyMSELoss>(tc.loss.energy_per_atom), tc.loss.energy_weight);
-    loss.add(std::make_shared<ForcesMSELoss>(), tc.loss.forces_weight);
-    loss.add(std::make_shared<StressMSELoss>(), tc.loss.stress_weight);
+    WeightedSumLoss loss = loss_from_settings(tc.loss);
     StrategyOptions so2;
     so2.num_steps = 1;
     so2.dtype = dtype;

@@ -1153,6 +1153,27 @@ void apply_overrides(Config& config, const std::vector<std::string>& assignments
   config = std::move(updated);
 }
 
+namespace {
+
+/// An option that only some kinds (optimizers, schedules) use, and whether
+/// the config changed it from its default.
+struct UsedOption {
+  const char* key;
+  bool changed;
+  std::vector<std::string> by;
+};
+
+/// The first changed option that `kind` does not use, or null.
+const UsedOption* first_foreign_option(const std::vector<UsedOption>& options,
+                                       const std::string& kind) {
+  for (const auto& u : options) {
+    if (u.changed && std::find(u.by.begin(), u.by.end(), kind) == u.by.end()) return &u;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 void validate_config(const Config& config) {
   for (const auto& key : schema()) {
     void* p = key.ref(const_cast<Config&>(config));
@@ -1247,12 +1268,7 @@ void validate_config(const Config& config) {
     // Options an optimizer does not have must keep their defaults.
     const OptimizerSettings d;
     const auto& o = t.optimizer;
-    struct Used {
-      const char* key;
-      bool changed;
-      std::vector<std::string> by;
-    };
-    const std::vector<Used> used = {
+    const std::vector<UsedOption> used = {
         {"beta1", o.beta1 != d.beta1, {"adam", "adamw"}},
         {"beta2", o.beta2 != d.beta2, {"adam", "adamw"}},
         {"amsgrad", o.amsgrad != d.amsgrad, {"adam", "adamw"}},
@@ -1266,11 +1282,9 @@ void validate_config(const Config& config) {
         {"initial_accumulator_value", o.initial_accumulator_value != d.initial_accumulator_value,
          {"adagrad"}},
     };
-    for (const auto& u : used) {
-      if (!u.changed || std::find(u.by.begin(), u.by.end(), o.name) != u.by.end()) continue;
-      std::string names;
-      for (const auto& n : u.by) names += (names.empty() ? "" : ", ") + n;
-      throw ConfigError("training.optimizer." + std::string(u.key) + " is an option of " + names +
+    if (const UsedOption* u = first_foreign_option(used, o.name)) {
+      throw ConfigError("training.optimizer." + std::string(u->key) + " is an option of " +
+                        join(u->by, ", ") +
                         " only; it must keep its default with training.optimizer.name = " +
                         o.name);
     }
@@ -1289,12 +1303,7 @@ void validate_config(const Config& config) {
     // Options a schedule does not use must keep their defaults.
     const SchedulerSettings d;
     const auto& sc = t.scheduler;
-    struct Used {
-      const char* key;
-      bool changed;
-      std::vector<std::string> by;
-    };
-    const std::vector<Used> used = {
+    const std::vector<UsedOption> used = {
         {"final_lr_factor", sc.final_lr_factor != d.final_lr_factor, {"cosine"}},
         {"step_size", sc.step_size != d.step_size, {"step"}},
         {"gamma", sc.gamma != d.gamma, {"step", "exponential"}},
@@ -1309,12 +1318,9 @@ void validate_config(const Config& config) {
         {"cooldown", sc.cooldown != d.cooldown, {"plateau"}},
         {"min_lr", sc.min_lr != d.min_lr, {"plateau"}},
     };
-    for (const auto& u : used) {
-      if (!u.changed || std::find(u.by.begin(), u.by.end(), sc.name) != u.by.end()) continue;
-      std::string names;
-      for (const auto& n : u.by) names += (names.empty() ? "" : ", ") + n;
-      throw ConfigError("training.scheduler." + std::string(u.key) + " is used only by the " +
-                        names + " schedule" + (u.by.size() > 1 ? "s" : "") +
+    if (const UsedOption* u = first_foreign_option(used, sc.name)) {
+      throw ConfigError("training.scheduler." + std::string(u->key) + " is used only by the " +
+                        join(u->by, ", ") + " schedule" + (u->by.size() > 1 ? "s" : "") +
                         "; it must keep its default with training.scheduler.name = " + sc.name);
     }
   }
@@ -1515,6 +1521,16 @@ std::shared_ptr<const LossWeightSchedule> loss_weight_schedule(const LossSetting
                                                      std::vector<double>{w0, w1}, clock);
   }
   return std::make_shared<ConstantWeight>(w0, clock);
+}
+
+WeightedSumLoss loss_from_settings(const LossSettings& l) {
+  WeightedSumLoss loss;
+  for (const char* name : {"energy", "forces", "stress"}) {
+    loss.add(loss_term(l, name), loss_weight_schedule(l, name));
+  }
+  loss.set_normalize_weights(l.normalize_weights);
+  loss.set_config_type_weights(l.config_type_weights);
+  return loss;
 }
 
 double max_loss_weight(const LossSettings& l, const std::string& name) {

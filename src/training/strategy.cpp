@@ -13,6 +13,11 @@ namespace crucible {
 
 namespace {
 
+/// A monitored metric name as a ValidationSummary::as_map() key ("val/" dropped).
+std::string metric_key(const std::string& monitor) {
+  return monitor.rfind("val/", 0) == 0 ? monitor.substr(4) : monitor;
+}
+
 LossOutput detach_losses(const LossOutput& in) {
   LossOutput out;
   out.total = in.total.detach();
@@ -171,8 +176,7 @@ void TrainingStrategy::check_configs() {
       throw ConfigError(e.scheduler_path + ": the plateau scheduler steps on a validation "
                         "metric and needs a validation config, got none");
     }
-    std::string key = e.config.scheduler->plateau.monitor;
-    if (key.rfind("val/", 0) == 0) key = key.substr(4);
+    const std::string key = metric_key(e.config.scheduler->plateau.monitor);
     const auto metrics = ValidationSummary{}.as_map();
     if (metrics.count(key) == 0) {
       std::string known;
@@ -499,9 +503,7 @@ void TrainingStrategy::validate_and_step_metric_schedulers() {
   const auto metrics = summary.as_map();
   for (auto& sched : schedulers_) {
     if (!sched || !sched->metric_driven()) continue;
-    std::string key = sched->monitor();
-    if (key.rfind("val/", 0) == 0) key = key.substr(4);
-    sched->step(metrics.at(key));  // the key was checked at construction
+    sched->step(metrics.at(metric_key(sched->monitor())));  // checked at construction
   }
 }
 

@@ -20,6 +20,7 @@ struct SchedulerConfig;
 struct OptimizerConfig;
 class LossFunction;
 class LossWeightSchedule;
+class WeightedSumLoss;
 
 /// Physical quantity a unit setting converts (selects the table of names).
 enum class UnitQuantity {
@@ -237,6 +238,13 @@ std::shared_ptr<LossFunction> loss_term(const LossSettings& loss, const std::str
 /// <name>_weight_final on the schedule_clock counter.
 std::shared_ptr<const LossWeightSchedule> loss_weight_schedule(const LossSettings& loss,
                                                                const std::string& name);
+
+/// The whole `training.loss` section as a WeightedSumLoss: the energy,
+/// forces and stress terms (loss_term) with their weight schedules, the
+/// config_type weights and the normalization flag. Terms are kept whatever
+/// labels the data has (a term with no labels in a batch contributes 0);
+/// `crucible train` instead drops terms its training data cannot feed.
+WeightedSumLoss loss_from_settings(const LossSettings& loss);
 
 /// The largest weight term `name` takes over the run (0 = the term is off).
 double max_loss_weight(const LossSettings& loss, const std::string& name);
