@@ -145,6 +145,11 @@ void SchNetImpl::set_energy_normalization(const at::Tensor& e0, double scale, do
   shift_.fill_(shift);
 }
 
+std::vector<int64_t> SchNetImpl::elements() const {
+  const at::Tensor nz = e0_.detach().to(at::kCPU).ne(0).nonzero().flatten().to(at::kLong).contiguous();
+  return std::vector<int64_t>(nz.data_ptr<int64_t>(), nz.data_ptr<int64_t>() + nz.numel());
+}
+
 at::Tensor fit_reference_energies(const std::vector<Structure>& structures, int64_t max_z) {
   if (max_z < 1) throw std::invalid_argument("fit_reference_energies: max_z must be >= 1");
   std::vector<const Structure*> labelled;

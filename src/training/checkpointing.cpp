@@ -2,8 +2,12 @@
 
 #include "crucible/common/error.h"
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
+#include <cmath>
 #include <csignal>
+#include <sstream>
 
 namespace crucible {
 
@@ -16,9 +20,22 @@ extern "C" void crucible_checkpoint_signal(int) { g_signal.store(true); }
 
 }  // namespace
 
-checkpoint::CheckpointEntry save_checkpoint(checkpoint::CheckpointStore& store,
-                                            TrainingStrategy& strategy, int64_t index,
-                                            const std::string& metric) {
+std::string models_info_json(const TrainingStrategy& strategy) {
+  nlohmann::json info = nlohmann::json::object();
+  for (const auto& [name, model] : strategy.models()) {
+    int64_t n = 0;
+    for (const auto& p : model->module().parameters()) n += p.numel();
+    info[name] = {{"name", model->name()},
+                  {"cutoff", model->cutoff()},
+                  {"elements", model->elements()},
+                  {"num_parameters", n}};
+  }
+  return info.dump(2) + "\n";
+}
+
+checkpoint::CheckpointEntry save_checkpoint(
+    checkpoint::CheckpointStore& store, TrainingStrategy& strategy, int64_t index,
+    const std::string& metric, const std::vector<std::pair<std::string, std::string>>& extra_files) {
   checkpoint::CheckpointCounters counters;
   counters.step_count = strategy.step_count;
   counters.epoch_count = strategy.epoch_count;
@@ -35,26 +52,99 @@ checkpoint::CheckpointEntry save_checkpoint(checkpoint::CheckpointStore& store,
   for (auto& [name, bytes] : strategy.state_files()) {
     files.push_back(checkpoint::CheckpointFile::from_bytes(name, std::move(bytes)));
   }
+  files.push_back(checkpoint::CheckpointFile::from_bytes(kModelsInfoFile, models_info_json(strategy)));
+  for (const auto& [name, bytes] : extra_files) {
+    files.push_back(checkpoint::CheckpointFile::from_bytes(name, bytes));
+  }
   return store.save(index, counters, files, m);
 }
 
-RestoredCheckpoint restore_checkpoint(const checkpoint::CheckpointStore& store,
-                                      TrainingStrategy& strategy, std::optional<int64_t> index) {
-  RestoredCheckpoint out;
+LoadedCheckpoint load_checkpoint(const checkpoint::CheckpointStore& store,
+                                 std::optional<int64_t> index,
+                                 std::vector<checkpoint::CheckpointFailure>* skipped) {
+  LoadedCheckpoint out;
   if (index) {
-    out.index = *index;
+    auto entry = store.find(*index);
+    if (!entry) {
+      std::string have;
+      for (const auto& e : store.list()) have += (have.empty() ? "" : ", ") + std::to_string(e.index);
+      throw DataError(store.manifest_path().string() + ": checkpoint " + std::to_string(*index) +
+                      " must be listed, got only [" + have + "]");
+    }
+    out.entry = *entry;
   } else {
     const auto intact = store.newest_intact();
-    out.skipped = intact.failed;
+    if (skipped) *skipped = intact.failed;
     if (!intact.entry) {
       std::string why;
       for (const auto& f : intact.failed) why += "\n  checkpoint " + std::to_string(f.index) + ": " + f.message;
       throw DataError(store.manifest_path().string() +
                       ": must list at least one intact checkpoint, got none" + why);
     }
-    out.index = intact.entry->index;
+    out.entry = *intact.entry;
   }
-  strategy.restore_state_files(store.load(out.index));
+  out.files = store.load(out.entry.index);
+  return out;
+}
+
+CheckpointValidator same_models_validator(const TrainingStrategy& strategy) {
+  return [&strategy](const LoadedCheckpoint& loaded) {
+    const std::string file = "checkpoint " + std::to_string(loaded.entry.index) + " " + kModelsInfoFile;
+    auto it = loaded.files.find(kModelsInfoFile);
+    if (it == loaded.files.end()) {
+      throw DataError(file + ": the checkpoint must contain it, got no such file");
+    }
+    nlohmann::json saved, current;
+    try {
+      saved = nlohmann::json::parse(it->second);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(file + ": must be JSON, got " + e.what());
+    }
+    current = nlohmann::json::parse(models_info_json(strategy));
+    std::vector<std::string> diffs;
+    for (const auto& [name, want] : current.items()) {
+      if (!saved.is_object() || !saved.contains(name)) {
+        diffs.push_back("model '" + name + "': in this run, not in the checkpoint");
+        continue;
+      }
+      const auto& got = saved[name];
+      for (const char* key : {"name", "elements", "num_parameters"}) {
+        if (!got.contains(key) || got[key] != want[key]) {
+          diffs.push_back("model '" + name + "' " + key + ": checkpoint " +
+                          (got.contains(key) ? got[key].dump() : std::string("(missing)")) +
+                          ", this run " + want[key].dump());
+        }
+      }
+      if (!got.contains("cutoff") || !got["cutoff"].is_number() ||
+          std::abs(got["cutoff"].get<double>() - want["cutoff"].get<double>()) > 1e-12) {
+        diffs.push_back("model '" + name + "' cutoff: checkpoint " +
+                        (got.contains("cutoff") ? got["cutoff"].dump() : std::string("(missing)")) +
+                        " Å, this run " + want["cutoff"].dump() + " Å");
+      }
+    }
+    if (saved.is_object()) {
+      for (const auto& [name, _] : saved.items()) {
+        if (!current.contains(name)) diffs.push_back("model '" + name + "': in the checkpoint, not in this run");
+      }
+    }
+    if (!diffs.empty()) {
+      std::string list;
+      for (const auto& d : diffs) list += "\n  " + d;
+      throw DataError(file + ": the checkpoint's models must match this run's, got differences:" + list);
+    }
+  };
+}
+
+RestoredCheckpoint restore_checkpoint(const checkpoint::CheckpointStore& store,
+                                      TrainingStrategy& strategy, std::optional<int64_t> index,
+                                      const std::vector<CheckpointValidator>& validators) {
+  RestoredCheckpoint out;
+  const LoadedCheckpoint loaded = load_checkpoint(store, index, &out.skipped);
+  out.index = loaded.entry.index;
+  for (const auto& validate : validators) {
+    if (validate) validate(loaded);
+  }
+  strategy.restore_state_files(loaded.files);
   return out;
 }
 
@@ -111,7 +201,7 @@ void CheckpointHook::on_boundary(TrainingStrategy& s, TrainingStrategy::Boundary
     // final validation may have stepped a metric scheduler): save again.
     if (!(due && b == B::kEnd)) return;
   }
-  written_.push_back(save_checkpoint(*store_, s, -1, options_.metric));
+  written_.push_back(save_checkpoint(*store_, s, -1, options_.metric, options_.extra_files));
   last_saved_batch_ = s.batch_count;
 }
 

@@ -6,6 +6,7 @@
 #include "crucible/common/error.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
@@ -133,7 +134,16 @@ std::vector<std::pair<std::string, std::string>> TrainingStrategy::state_files()
     std::lock_guard<std::mutex> lock(gen.mutex());
     rng = gen.get_state();
   }
-  files.emplace_back("rng.pt", to_bytes({{"cpu", rng}}));
+  TensorMap rngs{{"cpu", rng}};
+  // CUDA generators, one per visible device ("cuda:<i>"), when CUDA is built in.
+  if (at::hasCUDA()) {
+    for (size_t i = 0; i < at::getNumGPUs(); ++i) {
+      auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<int>(i)));
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rngs["cuda:" + std::to_string(i)] = gen.get_state();
+    }
+  }
+  files.emplace_back("rng.pt", to_bytes(rngs));
   return files;
 }
 
@@ -196,6 +206,17 @@ void TrainingStrategy::restore_state_files(const std::map<std::string, std::stri
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(entry(rng, "rng.pt", "cpu"));
+  }
+  // CUDA generator states of the devices this process has; a resume on
+  // fewer (or no) GPUs restores those that exist.
+  if (at::hasCUDA()) {
+    for (size_t i = 0; i < at::getNumGPUs(); ++i) {
+      auto it = rng.find("cuda:" + std::to_string(i));
+      if (it == rng.end()) continue;
+      auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<int>(i)));
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(it->second);
+    }
   }
   // Optimizer, scheduler and gradient state wait for the optimizers.
   pending_state_.clear();

@@ -2,6 +2,8 @@
 // evaluate, config, malformed input, exit codes. Build both targets:
 //   ninja crucible test_cli
 
+#include "crucible/cli/training_setup.h"
+#include "crucible/common/error.h"
 #include "crucible/config/config.h"
 
 #include <gtest/gtest.h>
@@ -314,6 +316,33 @@ TEST_F(CliTest, SigtermThenResumeMatchesAnUninterruptedRun) {
   EXPECT_FALSE(fs::exists(cut / "summary.json"));
   EXPECT_TRUE(fs::exists(cut / "checkpoints" / "manifest.json"));
 
+  const auto a = nlohmann::json::parse(read_text(full / "summary.json")).at("validation");
+
+  // The C++ API (seed 002 load_checkpoint): the run rebuilt from the
+  // checkpoint's recipe.json plus runtime pieces continues exactly too.
+  {
+    int validator_calls = 0;
+    TrainingRuntime runtime;
+    runtime.device = "cpu";
+    runtime.validators.push_back([&](const LoadedCheckpoint& c) {
+      ++validator_calls;
+      EXPECT_EQ(c.entry.counters.step_count, 5);
+    });
+    RestoredCheckpoint restored;
+    TrainingSetup setup =
+        load_training_from_checkpoint(cut / "checkpoints", runtime, std::nullopt, &restored);
+    EXPECT_EQ(validator_calls, 1);
+    EXPECT_TRUE(restored.skipped.empty());
+    EXPECT_EQ(setup.strategy->step_count, 5);
+    setup.strategy->run(*setup.loader);
+    ASSERT_TRUE(setup.strategy->last_validation());
+    EXPECT_EQ(setup.strategy->last_validation()->energy_mae, a.at("energy_mae").get<double>());
+    EXPECT_EQ(setup.strategy->last_validation()->forces_mae, a.at("forces_mae").get<double>());
+    // A validator that refuses stops the load with its error.
+    runtime.validators = {[](const LoadedCheckpoint&) { throw DataError("refused by test"); }};
+    EXPECT_THROW(load_training_from_checkpoint(cut / "checkpoints", runtime), DataError);
+  }
+
   // A recipe change that matters is refused, listing the key.
   r = run_crucible(dir_, {"train", "--resume", cut.string(), "model.hidden_channels=16"});
   EXPECT_EQ(r.rc, 1);
@@ -322,7 +351,6 @@ TEST_F(CliTest, SigtermThenResumeMatchesAnUninterruptedRun) {
   r = run_crucible(dir_, {"train", "--resume", cut.string()});
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("resuming from checkpoint"), std::string::npos) << r.out;
-  const auto a = nlohmann::json::parse(read_text(full / "summary.json")).at("validation");
   const auto b = nlohmann::json::parse(read_text(cut / "summary.json")).at("validation");
   for (const char* k : {"energy_mae", "forces_mae", "stress_mae"}) {
     EXPECT_EQ(a.at(k), b.at(k)) << k;  // bit-identical continuation

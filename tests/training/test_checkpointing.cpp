@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <fstream>
 
@@ -31,7 +33,7 @@ struct ToyRun {
   ToyModel model;
   std::unique_ptr<TrainingStrategy> strategy;
   std::shared_ptr<AtomicDataset> data = toy_dataset(8);
-  explicit ToyRun(double a = 1.0) : model(a, 1.0, 0.0) {
+  explicit ToyRun(double a = 1.0, double cutoff = 4.0) : model(a, 1.0, 0.0, cutoff) {
     StrategyOptions o;
     o.num_steps = 9;
     o.dtype = at::kDouble;
@@ -148,6 +150,63 @@ TEST(CheckpointHook, CorruptedNewestCheckpointFallsBackNamingTheFile) {
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("model.main.pt"), std::string::npos) << e.what();
   }
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointValidators, ModelsJsonAndExtraFilesAreWritten) {
+  const fs::path dir = fresh_dir("crucible_ckpt_models_json");
+  checkpoint::CheckpointStore store(dir);
+  ToyRun run;
+  const auto entry = save_checkpoint(store, *run.strategy, -1, "", {{"recipe.json", "{\"a\": 1}"}});
+  EXPECT_EQ(store.load_file(entry.index, "recipe.json"), "{\"a\": 1}");
+  const auto info = nlohmann::json::parse(store.load_file(entry.index, kModelsInfoFile));
+  EXPECT_EQ(info["main"]["name"], "toy");
+  EXPECT_DOUBLE_EQ(info["main"]["cutoff"].get<double>(), 4.0);
+  EXPECT_EQ(info["main"]["num_parameters"], 3);
+  EXPECT_TRUE(info["main"]["elements"].empty());
+  // A clash with a state file is refused and leaves the store as it was.
+  EXPECT_THROW(save_checkpoint(store, *run.strategy, -1, "", {{"rng.pt", "x"}}),
+               std::invalid_argument);
+  EXPECT_EQ(store.list().size(), 1u);
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointValidators, SameModelsValidatorRefusesAnotherCutoffBeforeApplying) {
+  const fs::path dir = fresh_dir("crucible_ckpt_validator");
+  checkpoint::CheckpointStore store(dir);
+  ToyRun first;
+  first.run();
+  save_checkpoint(store, *first.strategy);
+
+  // Same models: accepted and applied.
+  ToyRun same(0.3);
+  restore_checkpoint(store, *same.strategy, std::nullopt, {same_models_validator(*same.strategy)});
+  EXPECT_TRUE(same.model->a.equal(first.model->a));
+  EXPECT_EQ(same.strategy->step_count, first.strategy->step_count);
+
+  // Another cutoff: refused with both values, nothing applied.
+  ToyRun wider(0.3, 5.0);
+  try {
+    restore_checkpoint(store, *wider.strategy, std::nullopt, {same_models_validator(*wider.strategy)});
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("models.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cutoff: checkpoint 4.0 Å, this run 5.0 Å"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(wider.model->a.item<double>(), 0.3);
+  EXPECT_EQ(wider.strategy->step_count, 0);
+
+  // A user validator sees the loaded checkpoint (counters, files) first.
+  ToyRun custom(0.3);
+  int64_t seen_step = -1;
+  restore_checkpoint(store, *custom.strategy, std::nullopt,
+                     {[&](const LoadedCheckpoint& c) {
+                       seen_step = c.entry.counters.step_count;
+                       EXPECT_EQ(custom.strategy->step_count, 0);  // not applied yet
+                       EXPECT_EQ(c.files.count("counters.pt"), 1u);
+                     }});
+  EXPECT_EQ(seen_step, first.strategy->step_count);
   fs::remove_all(dir);
 }
 

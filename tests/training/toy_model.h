@@ -15,7 +15,10 @@ namespace crucible::testing {
 
 class ToyModelImpl : public torch::nn::Cloneable<ToyModelImpl>, public EnergyModel {
  public:
-  ToyModelImpl(double a = 1.0, double b = 1.0, double c = 0.0) : a0_(a), b0_(b), c0_(c) { reset(); }
+  ToyModelImpl(double a = 1.0, double b = 1.0, double c = 0.0, double cutoff = 4.0)
+      : a0_(a), b0_(b), c0_(c), cutoff_(cutoff) {
+    reset();
+  }
   void reset() override {
     a = register_parameter("a", at::full({}, a0_, at::kDouble));
     b = register_parameter("b", at::full({}, b0_, at::kDouble));
@@ -29,7 +32,7 @@ class ToyModelImpl : public torch::nn::Cloneable<ToyModelImpl>, public EnergyMod
     return e + c * batch.num_atoms.to(r.scalar_type());
   }
   torch::nn::Module& module() override { return *this; }
-  double cutoff() const override { return 4.0; }
+  double cutoff() const override { return cutoff_; }
   std::string name() const override { return "toy"; }
   std::shared_ptr<EnergyModel> clone_model() const override {
     return std::dynamic_pointer_cast<ToyModelImpl>(clone());
@@ -37,7 +40,7 @@ class ToyModelImpl : public torch::nn::Cloneable<ToyModelImpl>, public EnergyMod
   at::Tensor a, b, c;
 
  private:
-  double a0_, b0_, c0_;
+  double a0_, b0_, c0_, cutoff_;
 };
 TORCH_MODULE(ToyModel);
 

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace crucible {
 
@@ -32,6 +33,10 @@ class EnergyModel {
   /// hook publishes its average through such a copy. Never throws for a
   /// model that implements it.
   virtual std::shared_ptr<EnergyModel> clone_model() const { return nullptr; }
+  /// Atomic numbers the model was set up for (e.g. those with a reference
+  /// energy E0), ascending; empty = not known / any. Checkpoint validators
+  /// compare it (same_models_validator). Never throws.
+  virtual std::vector<int64_t> elements() const { return {}; }
 };
 
 /// RAII scope in which autocast is off on every device (CPU, CUDA, XPU),

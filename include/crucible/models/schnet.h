@@ -57,6 +57,9 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
   std::string name() const override { return "schnet"; }
   /// Deep copy through torch::nn::Cloneable::clone (same device and dtype).
   std::shared_ptr<EnergyModel> clone_model() const override;
+  /// Atomic numbers Z with a nonzero reference energy E0[Z] (set by
+  /// set_energy_normalization; all E0 zero = empty = any element).
+  std::vector<int64_t> elements() const override;
 
   /// Per-atom learned contribution scale · y_i + shift, [N] (no E0).
   at::Tensor atomic_energies(const Batch& batch);

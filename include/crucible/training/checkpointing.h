@@ -8,6 +8,8 @@
 #include "crucible/training/strategy.h"
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,14 +17,43 @@
 
 namespace crucible {
 
-/// Writes `strategy.state_files()` as checkpoint `index` (-1 appends) with
-/// the counters (step, epoch, batch, epoch_step, global_step) and, when
+/// Name of the file, in every checkpoint, that describes the strategy's
+/// models (JSON): {"<model name>": {"name": EnergyModel::name(), "cutoff": Å,
+/// "elements": [Z...], "num_parameters": n}}. same_models_validator reads it.
+inline constexpr const char* kModelsInfoFile = "models.json";
+
+/// models.json's text for `strategy` (see kModelsInfoFile). Never throws.
+std::string models_info_json(const TrainingStrategy& strategy);
+
+/// Writes `strategy.state_files()` plus models.json (and `extra_files`,
+/// e.g. the recipe as "recipe.json") as checkpoint `index` (-1 appends),
+/// with the counters (step, epoch, batch, epoch_step, global_step) and, when
 /// `metric` names a ValidationSummary::as_map() key and a validation exists,
 /// that metric (for RetentionPolicy::keep_best_by).
-/// @throws as CheckpointStore::save (the previous checkpoints stay intact).
-checkpoint::CheckpointEntry save_checkpoint(checkpoint::CheckpointStore& store,
-                                            TrainingStrategy& strategy, int64_t index = -1,
-                                            const std::string& metric = "");
+/// @throws as CheckpointStore::save (the previous checkpoints stay intact),
+///   e.g. std::invalid_argument when an extra file's name clashes with a state file.
+checkpoint::CheckpointEntry save_checkpoint(
+    checkpoint::CheckpointStore& store, TrainingStrategy& strategy, int64_t index = -1,
+    const std::string& metric = "",
+    const std::vector<std::pair<std::string, std::string>>& extra_files = {});
+
+/// A checkpoint read and verified but not yet applied: what a
+/// CheckpointValidator sees (seed 002's loaded-checkpoint validators).
+struct LoadedCheckpoint {
+  checkpoint::CheckpointEntry entry;  ///< manifest entry (index, counters, files)
+  checkpoint::CheckpointFiles files;  ///< file name -> bytes, all checksums verified
+};
+
+/// Runs on a loaded checkpoint before anything is applied; throws
+/// (DataError / ConfigError, naming the file and what differs) to refuse it.
+using CheckpointValidator = std::function<void(const LoadedCheckpoint&)>;
+
+/// A validator that refuses a checkpoint whose models.json differs from
+/// `strategy`'s models: the same model names, and for each the same kind
+/// (EnergyModel::name), cutoff (to 1e-12 Å), elements and parameter count.
+/// Captures the strategy by reference: it must outlive the validator.
+/// The returned validator throws DataError listing every difference.
+CheckpointValidator same_models_validator(const TrainingStrategy& strategy);
 
 /// What restore_checkpoint used.
 struct RestoredCheckpoint {
@@ -31,15 +62,26 @@ struct RestoredCheckpoint {
   std::vector<checkpoint::CheckpointFailure> skipped;
 };
 
+/// Loads and verifies checkpoint `index`, or the newest intact one when
+/// unset (newer damaged ones go to `skipped`, which may be null).
+/// @throws DataError if the store has no intact checkpoint (listing why) or
+///   the requested one fails verification (naming the file).
+LoadedCheckpoint load_checkpoint(const checkpoint::CheckpointStore& store,
+                                 std::optional<int64_t> index = std::nullopt,
+                                 std::vector<checkpoint::CheckpointFailure>* skipped = nullptr);
+
 /// Restores checkpoint `index`, or the newest intact one when unset (newer
-/// corrupted ones are listed in `skipped`), into `strategy`
-/// (restore_state_files).
+/// corrupted ones are listed in `skipped`), into an already constructed
+/// `strategy` (seed 002 restore_checkpoint): load_checkpoint, then every
+/// validator in order, then restore_state_files. Nothing is applied unless
+/// all validators pass.
 /// @throws DataError if the store has no intact checkpoint (listing why), the
 ///   requested one fails verification (naming the file), or its files do
-///   not fit the strategy.
+///   not fit the strategy; whatever a validator throws.
 RestoredCheckpoint restore_checkpoint(const checkpoint::CheckpointStore& store,
                                       TrainingStrategy& strategy,
-                                      std::optional<int64_t> index = std::nullopt);
+                                      std::optional<int64_t> index = std::nullopt,
+                                      const std::vector<CheckpointValidator>& validators = {});
 
 /// Options of CheckpointHook.
 struct CheckpointHookOptions {
@@ -50,6 +92,9 @@ struct CheckpointHookOptions {
   /// make run() return (TrainingStrategy::request_stop). Default true.
   bool on_signal = true;
   std::string metric = "forces_mae";  ///< recorded with each checkpoint ("" = none).
+  /// Written into every checkpoint next to the state (name -> bytes), e.g.
+  /// the run's recipe as "recipe.json" for load_training_from_checkpoint.
+  std::vector<std::pair<std::string, std::string>> extra_files;
 };
 
 /// Writes checkpoints at the strategy's boundaries (TrainingStrategy::

@@ -206,7 +206,8 @@ class TrainingStrategy {
   ///  - "scheduler.<i>.pt": LrScheduler::state_dict as float64 scalars;
   ///  - "hooks.pt": the hook_state() of every registered hook that has one,
   ///    in registration order ("hook.<k>" its name, "state.<k>.<key>");
-  ///  - "rng.pt": the CPU generator state (CUDA generators: not yet).
+  ///  - "rng.pt": the CPU generator state ("cpu") and, in CUDA builds, each
+  ///    visible GPU's default generator ("cuda:<i>"; restored for the GPUs present).
   /// The data loader position is (epoch_count, epoch_step_count); the loss
   /// weight schedules are functions of the counters.
   std::vector<std::pair<std::string, std::string>> state_files();

@@ -1,0 +1,102 @@
+#pragma once
+// A training run built from its recipe (Config) before anything is written:
+// data, normalization, model, loss, strategy with its update hooks. Used by
+// `crucible train`, by resuming, and by load_training_from_checkpoint (seed
+// 002 load_checkpoint: a strategy from a checkpoint plus runtime pieces).
+
+#include "crucible/config/config.h"
+#include "crucible/data/dataset.h"
+#include "crucible/models/schnet.h"
+#include "crucible/training/checkpointing.h"
+#include "crucible/training/ema.h"
+#include "crucible/training/spike_skipping.h"
+#include "crucible/training/strategy.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+/// How many structures carry each label, and their atoms.
+struct LabelCounts {
+  int64_t energy = 0, forces = 0, stress = 0, atoms = 0;
+};
+
+/// Label counts of `structures`. Never throws.
+LabelCounts count_labels(const std::vector<Structure>& structures);
+
+/// Everything built from a Config. Move-only (owns the strategy).
+struct TrainingSetup {
+  Config config;                        ///< validated; data paths absolute.
+  at::Device device = at::kCPU;         ///< training.device.
+  at::ScalarType dtype = at::kFloat;    ///< parameter/positions dtype (precision or dtype).
+  std::vector<Structure> train, valid;  ///< the split actually used.
+  std::string split_text;               ///< how valid was chosen (for the header).
+  LabelCounts train_labels, valid_labels;
+  std::set<int64_t> elements;           ///< atomic numbers of the training set.
+  std::vector<std::string> warnings;    ///< e.g. dropped loss terms, unseen elements.
+  at::Tensor e0;                        ///< [119] float64 eV, index = Z (MACE E0s).
+  double scale = 1, shift = 0;          ///< eV, eV/atom (fit_energy_scale_shift).
+  SchNetOptions model_options;
+  SchNet model{nullptr};                ///< on `dtype`, normalization set, seeded by training.seed.
+  int64_t num_parameters = 0;
+  std::vector<std::string> loss_terms;  ///< "energy", "forces", "stress" (those used).
+  std::string loss_text;                ///< human-readable loss, for the header.
+  std::shared_ptr<AtomicDataset> train_data, valid_data;
+  std::unique_ptr<DataLoader> loader;   ///< shuffled by training.seed.
+  std::unique_ptr<TrainingStrategy> strategy;  ///< update hooks registered; no I/O hooks.
+  std::shared_ptr<SpikeSkippingHook> spike_hook;  ///< null unless spike_skipping.enabled.
+  std::shared_ptr<EmaHook> ema_hook;              ///< null unless ema.enabled.
+};
+
+/// Builds a run from `config`: validates it, reads and splits the data
+/// (resolve_data_path), fits E0 / scale / shift on the training split,
+/// builds SchNet (seeded with training.seed), the loss (terms with a weight
+/// > 0 and labels), the strategy with its optimizer/scheduler and the
+/// configured update hooks (accumulation, clipping, spike skipping, EMA),
+/// then registers `hooks` in order. Writes nothing. Warnings go to
+/// TrainingSetup::warnings.
+/// @throws ConfigError / DataError naming the key or file for bad input.
+TrainingSetup build_training(const Config& config,
+                             const std::vector<std::shared_ptr<Hook>>& hooks = {});
+
+/// Name of the recipe file in every checkpoint `crucible train` writes: the
+/// run's Config as a spec (config_to_spec_json).
+inline constexpr const char* kRecipeFile = "recipe.json";
+
+/// A validator (CheckpointValidator) that refuses a checkpoint whose
+/// recipe.json differs from `config` in a key that matters
+/// (recipe_differences), listing the differences; one without a
+/// recipe.json is refused too.
+/// @throws (the validator) ConfigError naming the checkpoint and the keys.
+CheckpointValidator same_recipe_validator(const Config& config);
+
+/// Runtime pieces a checkpoint does not hold (seed 002 load_checkpoint).
+struct TrainingRuntime {
+  std::vector<std::shared_ptr<Hook>> hooks;  ///< registered after the update hooks.
+  std::optional<std::string> device;         ///< overrides training.device (map_location).
+  /// Extra validators, run after same_models_validator on the loaded checkpoint.
+  std::vector<CheckpointValidator> validators;
+};
+
+/// Loads a run from the checkpoint store at `checkpoint_dir`: checkpoint
+/// `index` (unset = newest intact; `restored`, when given, receives the
+/// index used and the damaged newer ones), its recipe.json rebuilt with
+/// build_training, then same_models_validator and runtime.validators on
+/// the loaded files, then the state restored. The result continues the run
+/// at the exact next batch with strategy->run(*loader).
+/// @throws DataError for a missing/damaged checkpoint or recipe (naming the
+///   file), ConfigError for a bad recipe or device, whatever a validator throws.
+TrainingSetup load_training_from_checkpoint(const std::filesystem::path& checkpoint_dir,
+                                            const TrainingRuntime& runtime = {},
+                                            std::optional<int64_t> index = std::nullopt,
+                                            RestoredCheckpoint* restored = nullptr);
+
+}  // namespace crucible

@@ -1,0 +1,342 @@
+// build_training / load_training_from_checkpoint: a run from its recipe.
+
+#include "crucible/cli/training_setup.h"
+
+#include "crucible/cli/commands.h"
+#include "crucible/common/error.h"
+#include "crucible/data/extxyz.h"
+#include "crucible/losses/loss.h"
+#include "crucible/training/gradient_accumulation.h"
+#include "crucible/training/gradient_clipping.h"
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include <sstream>
+
+namespace crucible {
+
+namespace {
+
+ExtxyzOptions extxyz_options(const DataConfig& d) {
+  ExtxyzOptions o;
+  o.energy_key = d.energy_key;
+  o.forces_key = d.forces_key;
+  o.stress_key = d.stress_key;
+  o.virial_key = d.virial_key;
+  o.energy_unit = d.energy_unit.factor;
+  o.forces_unit = d.forces_unit.factor;
+  o.stress_unit = d.stress_unit.factor;
+  return o;
+}
+
+std::vector<Structure> read_file(const std::string& path, const DataConfig& d,
+                                 const std::string& key) {
+  std::vector<Structure> s = read_extxyz(path, extxyz_options(d));
+  if (s.empty()) {
+    throw DataError(path + ": " + key + " must contain at least one structure, got none");
+  }
+  return s;
+}
+
+at::Device parse_device(const std::string& text) {
+  at::Device device(at::kCPU);
+  try {
+    device = at::Device(text);
+  } catch (const c10::Error&) {
+    throw ConfigError("training.device must be cpu, cuda or cuda:N, got '" + text + "'");
+  }
+  if (device.is_cuda() && !at::hasCUDA()) {
+    throw ConfigError("training.device must be cpu on this build (LibTorch without CUDA), got '" +
+                      text + "'");
+  }
+  return device;
+}
+
+}  // namespace
+
+LabelCounts count_labels(const std::vector<Structure>& s) {
+  LabelCounts c;
+  for (const auto& x : s) {
+    c.energy += x.energy.has_value();
+    c.forces += x.forces.has_value();
+    c.stress += x.stress.has_value();
+    c.atoms += x.num_atoms();
+  }
+  return c;
+}
+
+TrainingSetup build_training(const Config& input_config,
+                             const std::vector<std::shared_ptr<Hook>>& hooks) {
+  std::ostringstream err;  // warnings, one per line
+  Config config = input_config;
+  validate_config(config);
+  const auto& tc = config.training;
+  const at::Device device = parse_device(tc.device);
+  // training.precision (issue 3) overrides training.dtype; unset = follow it.
+  const at::ScalarType dtype =
+      tc.precision ? (*tc.precision == "64-true" ? at::kDouble : at::kFloat)
+                   : (tc.dtype == "float64" ? at::kDouble : at::kFloat);
+  const std::string dtype_name = dtype == at::kDouble ? "float64" : "float32";
+  if (tc.num_threads > 0) at::set_num_threads(static_cast<int>(tc.num_threads));
+
+  // ---- data: read and check everything before touching the run directory.
+  const std::string train_path = resolve_data_path(config.data.train_file, "data.train_file");
+  config.data.train_file = train_path;
+  std::vector<Structure> all = read_file(train_path, config.data, "data.train_file");
+  std::vector<Structure> train, valid;
+  std::string split_text;
+  if (config.data.valid_file) {
+    const std::string valid_path = resolve_data_path(*config.data.valid_file, "data.valid_file");
+    config.data.valid_file = valid_path;
+    valid = read_file(valid_path, config.data, "data.valid_file");
+    train = std::move(all);
+    split_text = "validation file " + valid_path;
+  } else {
+    const int64_t n = static_cast<int64_t>(all.size());
+    if (n < 2) {
+      throw DataError(train_path + ": data.train_file must contain at least 2 structures to split "
+                                   "off a validation set, got " + std::to_string(n) +
+                      " (or set data.valid_file)");
+    }
+    auto [ti, vi] = random_split(n, config.data.valid_fraction,
+                                 static_cast<uint64_t>(config.data.seed));
+    if (ti.empty()) {
+      throw ConfigError("data.valid_fraction leaves no training structures: must be smaller, got " +
+                        fmt::format("{}", config.data.valid_fraction));
+    }
+    for (int64_t i : ti) train.push_back(all[i]);
+    for (int64_t i : vi) valid.push_back(all[i]);
+    split_text = fmt::format("valid_fraction {} of train_file, split seed {}",
+                             config.data.valid_fraction, config.data.seed);
+  }
+  all.clear();
+
+  const LabelCounts tl = count_labels(train);
+  const LabelCounts vl = count_labels(valid);
+  if (tl.energy == 0 && tl.forces == 0) {
+    throw DataError(train_path + ": training structures must have energy ('" +
+                    config.data.energy_key + "') or forces labels, got neither (check "
+                    "data.energy_key / data.forces_key)");
+  }
+  std::set<int64_t> elements, valid_elements;
+  for (const auto& s : train) {
+    auto z = s.atomic_numbers.contiguous();
+    for (int64_t i = 0; i < z.numel(); ++i) elements.insert(z.data_ptr<int64_t>()[i]);
+  }
+  for (const auto& s : valid) {
+    auto z = s.atomic_numbers.contiguous();
+    for (int64_t i = 0; i < z.numel(); ++i) valid_elements.insert(z.data_ptr<int64_t>()[i]);
+  }
+  std::string unseen;
+  for (int64_t z : valid_elements) {
+    if (!elements.count(z)) unseen += " " + chemical_symbol(z);
+  }
+  if (!unseen.empty()) {
+    err << "crucible: warning: validation structures contain elements absent from the training "
+           "set:" << unseen << "; their predictions are meaningless\n";
+  }
+
+  // ---- loss terms: only those with a positive weight and labels.
+  const auto& lc = tc.loss;
+  WeightedSumLoss loss;
+  std::vector<std::string> terms;
+  std::string loss_text;
+  auto add_term = [&](const std::string& name, const std::string& desc) {
+    auto schedule = loss_weight_schedule(lc, name);
+    loss.add(loss_term(lc, name), schedule);
+    terms.push_back(name);
+    std::string w = fmt::format("{}", schedule->weight(0, 0));
+    if (lc.schedule != "constant") {
+      const double w_final = name == "energy"   ? lc.energy_weight_final
+                             : name == "forces" ? lc.forces_weight_final
+                                                : lc.stress_weight_final;
+      w = fmt::format("({}→{}, {} over {}s {}..{})", w, w_final, lc.schedule, lc.schedule_clock,
+                      lc.schedule_start,
+                      lc.schedule == "step" ? lc.schedule_start : lc.schedule_end);
+    }
+    loss_text += (loss_text.empty() ? "" : " + ") + fmt::format("{}·{}", w, desc);
+  };
+  const std::string penalty =
+      lc.kind == "mse" ? "MSE" : lc.kind == "mae" ? "MAE" : fmt::format("Huber(δ={})", lc.huber_delta);
+  if (max_loss_weight(lc, "energy") > 0) {
+    if (tl.energy > 0) {
+      add_term("energy", penalty + (lc.energy_per_atom ? " energy(per atom)" : " energy"));
+    } else {
+      err << "crucible: warning: training.loss.energy_weight > 0 but no training structure has "
+             "an energy ('" << config.data.energy_key << "'); energy term dropped\n";
+    }
+  }
+  if (max_loss_weight(lc, "forces") > 0) {
+    if (tl.forces > 0) {
+      add_term("forces", penalty + (lc.forces_mode == "vector" ? " forces(per-atom norm)" : " forces"));
+    } else {
+      err << "crucible: warning: training.loss.forces_weight > 0 but no training structure has "
+             "forces; forces term dropped\n";
+    }
+  }
+  if (max_loss_weight(lc, "stress") > 0 && tl.stress > 0) add_term("stress", penalty + " stress");
+  loss.set_normalize_weights(lc.normalize_weights);
+  loss.set_config_type_weights(lc.config_type_weights);
+  if (!lc.config_type_weights.empty()) {
+    std::string types;
+    for (const auto& [t, w] : lc.config_type_weights) types += fmt::format("{}{} {}", types.empty() ? "" : ", ", t, w);
+    loss_text += "; config_type weights " + types;
+  }
+  if (lc.normalize_weights) loss_text += "; normalized by the weight sum";
+  if (loss.empty()) {
+    throw ConfigError("training.loss must have a weight > 0 for a label the training data has "
+                      "(energy " + std::to_string(tl.energy) + ", forces " +
+                      std::to_string(tl.forces) + ", stress " + std::to_string(tl.stress) +
+                      " structures), got none");
+  }
+
+  // ---- normalization from the training structures only.
+  at::Tensor e0 = at::zeros({119}, at::kDouble);
+  if (tl.energy > 0) e0 = fit_reference_energies(train, 118);
+  const auto [scale, shift] = fit_energy_scale_shift(train, e0);
+
+  // ---- datasets, model, strategy (all may still reject the config).
+  const double cutoff = config.model.cutoff;
+  auto train_ds = std::make_shared<AtomicDataset>(train, cutoff);
+  auto valid_ds = std::make_shared<AtomicDataset>(valid, cutoff);
+
+  at::manual_seed(static_cast<uint64_t>(tc.seed));
+  const SchNetOptions so = schnet_options(config.model);
+  SchNet model(nullptr);
+  try {
+    model = SchNet(so);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("model: ") + e.what());
+  }
+  model->to(dtype);
+  model->set_energy_normalization(e0, scale, shift);
+  int64_t num_params = 0;
+  for (const auto& p : model->parameters()) num_params += p.numel();
+
+  StrategyOptions sopt;
+  sopt.num_epochs = tc.num_epochs;
+  sopt.num_steps = tc.num_steps;
+  sopt.optimizer = optimizer_config(tc);  // with its scheduler
+  sopt.device = device;
+  sopt.dtype = dtype;
+  if (tc.precision) sopt.precision = *tc.precision;  // mixed modes: MixedPrecisionHook
+  // num_epochs counts batches; with accumulation an optimizer step takes n of them.
+  sopt.epoch_step_modifier = 1.0 / static_cast<double>(tc.gradient_accumulation_steps);
+  ValidationConfig vc;
+  vc.data = valid_ds;
+  vc.every_n_epochs = tc.validate_every_n_epochs;
+  vc.every_n_steps = tc.validate_every_n_steps;
+  vc.use_mixed_precision = parse_validation_precision(tc.validate_with_mixed_precision);
+  vc.batch_size = tc.valid_batch_size;
+  vc.use_ema = tc.ema.use_for_validation;
+  sopt.validation = vc;
+
+  DataLoaderOptions lo;
+  lo.batch_size = tc.batch_size;
+  lo.shuffle = true;
+  lo.seed = static_cast<uint64_t>(tc.seed);
+
+  auto strategy = std::make_unique<TrainingStrategy>(model.ptr(), sopt, std::move(loss));
+  // Canonical update hooks (seed 001), folded into one orchestrator.
+  if (tc.gradient_accumulation_steps > 1) {
+    strategy->register_hook(
+        std::make_shared<GradientAccumulationHook>(tc.gradient_accumulation_steps));
+  }
+  if (tc.clip_grad_norm > 0) {
+    GradientClippingOptions clip;
+    clip.max_norm = tc.clip_grad_norm;
+    strategy->register_hook(std::make_shared<GradientClippingHook>(clip));
+  }
+  std::shared_ptr<SpikeSkippingHook> spike_hook;
+  if (tc.spike_skipping.enabled) {
+    SpikeSkippingOptions so_spike;
+    so_spike.k = tc.spike_skipping.k;
+    so_spike.window = tc.spike_skipping.window;
+    so_spike.min_history = tc.spike_skipping.min_history;
+    spike_hook = std::make_shared<SpikeSkippingHook>(so_spike);
+    strategy->register_hook(spike_hook);
+  }
+  std::shared_ptr<EmaHook> ema_hook;
+  if (tc.ema.enabled) {
+    ema_hook = std::make_shared<EmaHook>(
+        EmaOptions{tc.ema.decay, tc.ema.update_every, tc.ema.start_step});
+    strategy->register_hook(ema_hook);
+  }
+  for (const auto& h : hooks) strategy->register_hook(h);
+
+  TrainingSetup s;
+  s.device = device;
+  s.dtype = dtype;
+  s.train = std::move(train);
+  s.valid = std::move(valid);
+  s.split_text = std::move(split_text);
+  s.train_labels = tl;
+  s.valid_labels = vl;
+  s.elements = std::move(elements);
+  std::istringstream lines(err.str());
+  const std::string prefix = "crucible: warning: ";
+  for (std::string line; std::getline(lines, line);) {
+    s.warnings.push_back(line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : line);
+  }
+  s.e0 = e0;
+  s.scale = scale;
+  s.shift = shift;
+  s.model_options = so;
+  s.model = model;
+  s.num_parameters = num_params;
+  s.loss_terms = std::move(terms);
+  s.loss_text = std::move(loss_text);
+  s.train_data = train_ds;
+  s.valid_data = valid_ds;
+  s.loader = std::make_unique<DataLoader>(train_ds, lo);
+  s.strategy = std::move(strategy);
+  s.spike_hook = spike_hook;
+  s.ema_hook = ema_hook;
+  s.config = std::move(config);
+  return s;
+}
+
+CheckpointValidator same_recipe_validator(const Config& config) {
+  return [config](const LoadedCheckpoint& loaded) {
+    const std::string file = "checkpoint " + std::to_string(loaded.entry.index) + " " + kRecipeFile;
+    auto it = loaded.files.find(kRecipeFile);
+    if (it == loaded.files.end()) {
+      throw ConfigError(file + ": the checkpoint must contain the run's recipe, got no such file");
+    }
+    const auto diffs = recipe_differences(config_from_spec_json(it->second, file), config);
+    if (!diffs.empty()) {
+      std::string list;
+      for (const auto& d : diffs) list += "\n  " + d;
+      throw ConfigError(file + ": the recipe must match this run's, got differences:" + list);
+    }
+  };
+}
+
+TrainingSetup load_training_from_checkpoint(const std::filesystem::path& checkpoint_dir,
+                                            const TrainingRuntime& runtime,
+                                            std::optional<int64_t> index,
+                                            RestoredCheckpoint* restored) {
+  const checkpoint::CheckpointStore store(checkpoint_dir);
+  RestoredCheckpoint info;
+  const LoadedCheckpoint loaded = load_checkpoint(store, index, &info.skipped);
+  info.index = loaded.entry.index;
+  auto it = loaded.files.find(kRecipeFile);
+  if (it == loaded.files.end()) {
+    throw DataError((checkpoint_dir / loaded.entry.dir / kRecipeFile).string() +
+                    ": a checkpoint to load a run from must contain its recipe, got no such file");
+  }
+  Config config = config_from_spec_json(
+      it->second, (checkpoint_dir / loaded.entry.dir / kRecipeFile).string());
+  if (runtime.device) config.training.device = *runtime.device;
+  TrainingSetup setup = build_training(config, runtime.hooks);
+  same_models_validator(*setup.strategy)(loaded);
+  for (const auto& validate : runtime.validators) {
+    if (validate) validate(loaded);
+  }
+  setup.strategy->restore_state_files(loaded.files);
+  if (restored) *restored = std::move(info);
+  return setup;
+}
+
+}  // namespace crucible
