@@ -6,11 +6,14 @@
 #include "crucible/cli/commands.h"
 #include "crucible/common/error.h"
 #include "crucible/config/config.h"
+#include "crucible/distributed/launcher.h"
+#include "crucible/distributed/process_group.h"
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 #include <yaml-cpp/yaml.h>
 
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <fstream>
@@ -21,6 +24,8 @@
 namespace crucible {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 constexpr const char* kPrefix = "crucible: error: ";
 
@@ -79,6 +84,11 @@ int run(int argc, char** argv) {
                     "checkpoint (its config.yaml, plus any overrides given)");
   train->add_option("--checkpoint", resume_checkpoint,
                     "With --resume: the checkpoint index to continue from");
+  int nproc = 1;
+  train->add_option("--nproc", nproc,
+                    "Data-parallel training with N local worker processes (Gloo; torchrun-style "
+                    "variables for several machines: see the README)")
+      ->check(CLI::Range(1, 1024));
   train->add_flag("--print-config", print_config,
                   "Print the resolved config (defaults + file + overrides) as YAML and exit");
 
@@ -166,6 +176,29 @@ int run(int argc, char** argv) {
       std::cout << dump_config(config, true);
       return 0;
     }
+    if (nproc > 1) {
+      if (distributed_env_from_environment()) {
+        throw ConfigError("--nproc starts its own workers; it must not be given to a process "
+                          "that already has RANK / WORLD_SIZE (torchrun, srun, mpirun)");
+      }
+      // The same command line without --nproc, once per worker.
+      std::vector<std::string> args;
+      for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--nproc") {
+          ++i;
+          continue;
+        }
+        if (a.rfind("--nproc=", 0) == 0) continue;
+        args.push_back(a);
+      }
+      LaunchOptions lo;
+      lo.nproc = nproc;
+      lo.grace = std::chrono::milliseconds(
+          static_cast<int64_t>(1000.0 * config.training.distributed.timeout_s) + 10000);
+      const std::string exe = fs::read_symlink("/proc/self/exe").string();
+      return launch_local_workers(exe, args, lo, std::cerr);
+    }
     std::string command_line;
     for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + shell_quote(argv[i]);
     run_training(config, std::cout, std::cerr, command_line, resume);
@@ -227,6 +260,9 @@ int run_cli(int argc, char** argv) {
     std::cerr << kPrefix << e.what() << "\n";
     return 1;
   } catch (const DataError& e) {
+    std::cerr << kPrefix << e.what() << "\n";
+    return 1;
+  } catch (const DistributedError& e) {
     std::cerr << kPrefix << e.what() << "\n";
     return 1;
   } catch (const YAML::Exception& e) {

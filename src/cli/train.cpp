@@ -8,6 +8,7 @@
 #include "crucible/cli/training_setup.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
+#include "crucible/distributed/process_group.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/losses/loss.h"
 #include "crucible/models/schnet.h"
@@ -151,11 +152,29 @@ std::string resolve_data_path(const std::string& path, const std::string& key) {
   throw DataError(key + " file '" + path + "' does not exist (looked in: " + where + ")");
 }
 
-TrainResult run_training(const Config& input_config, std::ostream& out, std::ostream& err,
+TrainResult run_training(const Config& input_config, std::ostream& out_arg, std::ostream& err,
                          const std::string& command_line, const ResumeOptions& resume) {
   const auto t0 = std::chrono::steady_clock::now();
-  TrainingSetup setup = build_training(input_config);
-  for (const auto& w : setup.warnings) err << "crucible: warning: " << w << "\n";
+  // Data parallel (issue 6): torchrun / SLURM / Open MPI variables or --nproc.
+  std::shared_ptr<Communicator> comm;
+  int local_rank = 0;
+  if (const auto env = distributed_env_from_environment(); env && env->world_size > 1) {
+    validate_config(input_config);
+    ProcessGroupOptions po;
+    po.timeout = std::chrono::milliseconds(
+        static_cast<int64_t>(1000.0 * input_config.training.distributed.timeout_s));
+    po.cuda = parse_device(input_config.training.device).is_cuda();
+    comm = make_process_group(*env, po);
+    local_rank = env->local_rank;
+  }
+  // Rank 0 alone prints and writes (run directory, metrics, checkpoints, model).
+  const bool writer = !comm || comm->rank() == 0;
+  std::ostringstream discarded;
+  std::ostream& out = writer ? out_arg : discarded;
+  TrainingSetup setup = build_training(input_config, {}, comm, local_rank);
+  if (writer) {
+    for (const auto& w : setup.warnings) err << "crucible: warning: " << w << "\n";
+  }
   Config& config = setup.config;
   const auto& tc = config.training;
   const at::Device device = setup.device;
@@ -195,8 +214,10 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
       throw ConfigError("--resume " + run_dir.string() + ": the recipe must match the "
                         "checkpointed run's, got differences:" + list);
     }
-  } else {
+  } else if (writer) {
     run_dir = choose_run_dir(config.output);
+  } else {
+    run_dir = config.output.run_dir.value_or("");  // never written by this rank
   }
   config.output.run_dir = run_dir.string();
 
@@ -214,8 +235,10 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
                                                   jsonl_options);
   auto csv = std::make_shared<MetricsCsvHook>((run_dir / "metrics.csv").string(), setup.loss_terms,
                                               /*append=*/resume.resume);
-  for (const auto& h : std::vector<std::shared_ptr<Hook>>{bar, progress, csv, jsonl}) {
-    strategy.register_hook(h);
+  if (writer) {
+    for (const auto& h : std::vector<std::shared_ptr<Hook>>{bar, progress, csv, jsonl}) {
+      strategy.register_hook(h);
+    }
   }
   const int64_t target_steps = strategy.target_step_count(loader.size());
   std::string schedule_text;
@@ -323,13 +346,18 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
     out << fmt::format("resuming from checkpoint {} (step {}, epoch {}, batch {} of the epoch)\n",
                        restored.index, strategy.step_count, strategy.epoch_count,
                        strategy.epoch_step_count);
-  } else {
+  } else if (writer) {
     prepare_run_dir(run_dir);
     std::string header = "# Resolved configuration of this run (every key).\n";
     if (!command_line.empty()) header += "# Command: " + command_line + "\n";
     write_file_atomically(run_dir / "config.yaml", header + dump_config(config, false));
     std::error_code ec;
     fs::remove_all(run_dir / "checkpoints", ec);  // an overwritten run's
+    store = std::make_shared<checkpoint::CheckpointStore>(run_dir / "checkpoints", retention);
+    ckpt_hook = std::make_shared<CheckpointHook>(store, ckpt_options);
+    strategy.register_hook(ckpt_hook);
+  } else {
+    // Other ranks: the hook handles signals (agreed stops); only rank 0 writes.
     store = std::make_shared<checkpoint::CheckpointStore>(run_dir / "checkpoints", retention);
     ckpt_hook = std::make_shared<CheckpointHook>(store, ckpt_options);
     strategy.register_hook(ckpt_hook);
@@ -344,8 +372,22 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
           if (ctx.batch_count == n) std::raise(SIGTERM);
         }));
   }
+  // ... and a worker that dies (SIGKILL) after batch N: "RANK:N".
+  if (const char* spec = std::getenv("CRUCIBLE_FAULT_KILL_AT_BATCH")) {
+    const std::string text(spec);
+    const auto colon = text.find(':');
+    const int rank = std::atoi(text.substr(0, colon).c_str());
+    const int64_t n = colon == std::string::npos ? -1 : std::atoll(text.substr(colon + 1).c_str());
+    if (rank == strategy.global_rank) {
+      strategy.register_hook(std::make_shared<LambdaHook>(
+          "fault injection", std::set<TrainingStage>{TrainingStage::AFTER_BATCH},
+          [n](TrainContext& ctx, TrainingStage) {
+            if (ctx.batch_count == n) std::raise(SIGKILL);
+          }));
+    }
+  }
   strategy.run(loader);
-  if (ckpt_hook->signal_received()) {
+  if (strategy.stopped_early()) {  // a signal here or on another worker
     out << fmt::format("stopped by a signal after step {} (epoch {}); checkpoint written to {}\n"
                        "resume with: crucible train --resume {}\n",
                        strategy.step_count, strategy.epoch_count, (run_dir / "checkpoints").string(),
@@ -363,6 +405,13 @@ TrainResult run_training(const Config& input_config, std::ostream& out, std::ost
   }
   ValidationSummary final_metrics =
       strategy.last_validation() ? *strategy.last_validation() : strategy.validate();
+  if (!writer) {
+    TrainResult result;
+    result.validation = final_metrics;
+    result.steps = strategy.step_count;
+    result.epochs = strategy.epoch_count;
+    return result;
+  }
 
   ModelMetadata meta;
   meta.model_type = config.model.type;

@@ -39,6 +39,8 @@ std::vector<Structure> read_file(const std::string& path, const DataConfig& d,
   return s;
 }
 
+}  // namespace
+
 at::Device parse_device(const std::string& text) {
   at::Device device(at::kCPU);
   try {
@@ -53,8 +55,6 @@ at::Device parse_device(const std::string& text) {
   return device;
 }
 
-}  // namespace
-
 LabelCounts count_labels(const std::vector<Structure>& s) {
   LabelCounts c;
   for (const auto& x : s) {
@@ -67,12 +67,17 @@ LabelCounts count_labels(const std::vector<Structure>& s) {
 }
 
 TrainingSetup build_training(const Config& input_config,
-                             const std::vector<std::shared_ptr<Hook>>& hooks) {
+                             const std::vector<std::shared_ptr<Hook>>& hooks,
+                             std::shared_ptr<Communicator> communicator, int local_rank) {
   std::ostringstream err;  // warnings, one per line
   Config config = input_config;
   validate_config(config);
   const auto& tc = config.training;
-  const at::Device device = parse_device(tc.device);
+  at::Device device = parse_device(tc.device);
+  // One GPU per worker: a bare "cuda" means this worker's local GPU.
+  if (device.is_cuda() && !device.has_index() && communicator && communicator->size() > 1) {
+    device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  }
   // training.precision (issue 3) overrides training.dtype; unset = follow it.
   const at::ScalarType dtype =
       tc.precision ? (*tc.precision == "64-true" ? at::kDouble : at::kFloat)
@@ -236,6 +241,13 @@ TrainingSetup build_training(const Config& input_config,
   lo.batch_size = tc.batch_size;
   lo.shuffle = true;
   lo.seed = static_cast<uint64_t>(tc.seed);
+  if (communicator && communicator->size() > 1) {
+    lo.num_replicas = communicator->size();
+    lo.rank = communicator->rank();
+    lo.sampler_drop_last = tc.distributed.drop_last;
+    sopt.communicator = communicator;
+    sopt.bucket_cap_mb = tc.distributed.bucket_cap_mb;
+  }
 
   auto strategy = std::make_unique<TrainingStrategy>(model.ptr(), sopt, std::move(loss));
   // Canonical update hooks (seed 001), folded into one orchestrator.
@@ -329,7 +341,8 @@ TrainingSetup load_training_from_checkpoint(const std::filesystem::path& checkpo
   Config config = config_from_spec_json(
       it->second, (checkpoint_dir / loaded.entry.dir / kRecipeFile).string());
   if (runtime.device) config.training.device = *runtime.device;
-  TrainingSetup setup = build_training(config, runtime.hooks);
+  TrainingSetup setup =
+      build_training(config, runtime.hooks, runtime.communicator, runtime.local_rank);
   same_models_validator(*setup.strategy)(loaded);
   for (const auto& validate : runtime.validators) {
     if (validate) validate(loaded);

@@ -452,6 +452,21 @@ std::vector<Key> build_schema() {
                "Accepted losses needed before a loss can be judged a spike (<= window).",
                [](Config& c) -> void* { return &c.training.spike_skipping.min_history; }),
            1.0);
+  min_excl(add("training.distributed.timeout_s", Kind::kFloat, "",
+               "Data-parallel runs: a collective (gradient all-reduce, validation sums) that "
+               "waits longer than this fails, naming the worker that stopped answering.",
+               [](Config& c) -> void* { return &c.training.distributed.timeout_s; }),
+           0.0);
+  min_excl(add("training.distributed.bucket_cap_mb", Kind::kFloat, "",
+               "Data-parallel runs: gradients are flattened into buckets of at most this many "
+               "MiB, one all-reduce each (PyTorch DDP's bucket_cap_mb).",
+               [](Config& c) -> void* { return &c.training.distributed.bucket_cap_mb; }),
+           0.0);
+  add("training.distributed.drop_last", Kind::kBool, "",
+      "Data-parallel runs: drop the tail of the shuffled training set so every worker gets "
+      "the same number of structures (PyTorch DistributedSampler drop_last); false pads by "
+      "repeating the first structures.",
+      [](Config& c) -> void* { return &c.training.distributed.drop_last; });
   add("training.ema.enabled", Kind::kBool, "",
       "Keep an exponential moving average of the model weights (updated after optimizer "
       "steps that ran; MACE's ema).",

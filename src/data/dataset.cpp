@@ -79,10 +79,27 @@ DataLoader::DataLoader(std::shared_ptr<const AtomicDataset> dataset, DataLoaderO
     throw ConfigError("training.batch_size must be >= 1, got " +
                       std::to_string(options_.batch_size));
   }
+  if (options_.num_replicas < 1 || options_.rank < 0 || options_.rank >= options_.num_replicas) {
+    throw ConfigError("data loader: rank must be in [0, num_replicas) with num_replicas >= 1, got "
+                      "rank " + std::to_string(options_.rank) + " of " +
+                      std::to_string(options_.num_replicas));
+  }
+  if (num_samples() == 0) {
+    throw ConfigError("training.distributed.drop_last leaves no training structures for each of " +
+                      std::to_string(options_.num_replicas) + " workers (" +
+                      std::to_string(dataset_->size()) + " structures): must be false, or use "
+                      "fewer workers");
+  }
+}
+
+int64_t DataLoader::num_samples() const {
+  const int64_t n = dataset_->size();
+  const int64_t r = options_.num_replicas;
+  return (options_.sampler_drop_last && n % r != 0) ? n / r : (n + r - 1) / r;
 }
 
 int64_t DataLoader::size() const {
-  const int64_t n = dataset_->size();
+  const int64_t n = num_samples();
   const int64_t b = options_.batch_size;
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
@@ -103,12 +120,23 @@ int64_t DataLoader::take_start_step() {
 
 std::vector<int64_t> DataLoader::epoch_order() const {
   const int64_t n = dataset_->size();
-  if (!options_.shuffle) {
-    std::vector<int64_t> p(n);
-    for (int64_t i = 0; i < n; ++i) p[i] = i;
-    return p;
+  std::vector<int64_t> order;
+  if (options_.shuffle) {
+    order = seeded_permutation(n, options_.seed + static_cast<uint64_t>(epoch_));
+  } else {
+    order.resize(n);
+    for (int64_t i = 0; i < n; ++i) order[i] = i;
   }
-  return seeded_permutation(n, options_.seed + static_cast<uint64_t>(epoch_));
+  const int64_t r = options_.num_replicas;
+  if (r == 1) return order;
+  // DistributedSampler: pad (repeating from the start) or cut to a multiple of r.
+  const int64_t total = num_samples() * r;
+  for (int64_t i = 0; static_cast<int64_t>(order.size()) < total; ++i) order.push_back(order[i]);
+  order.resize(total);
+  std::vector<int64_t> shard;
+  shard.reserve(num_samples());
+  for (int64_t i = options_.rank; i < total; i += r) shard.push_back(order[i]);
+  return shard;
 }
 
 std::vector<int64_t> DataLoader::batch_indices(int64_t k) const {
@@ -118,7 +146,7 @@ std::vector<int64_t> DataLoader::batch_indices(int64_t k) const {
   }
   const auto order = epoch_order();
   const int64_t begin = k * options_.batch_size;
-  const int64_t end = std::min<int64_t>(begin + options_.batch_size, dataset_->size());
+  const int64_t end = std::min<int64_t>(begin + options_.batch_size, num_samples());
   return {order.begin() + begin, order.begin() + end};
 }
 

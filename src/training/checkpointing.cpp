@@ -178,6 +178,7 @@ void CheckpointHook::operator()(TrainContext& ctx, TrainingStage stage) {
 
 void CheckpointHook::on_boundary(TrainingStrategy& s, TrainingStrategy::Boundary b) {
   using B = TrainingStrategy::Boundary;
+  if (s.global_rank != 0) return;  // data parallel: rank 0 alone writes
   bool due = false;
   switch (b) {
     case B::kBatch:

@@ -1,5 +1,7 @@
 #include "crucible/training/metrics.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -129,6 +131,47 @@ ErrorMetrics MetricsAccumulator::Sums::metrics() const {
   return s;
 }
 
+void MetricsAccumulator::allreduce(Communicator& communicator,
+                                   const std::vector<std::string>& config_types) {
+  for (const auto& [type, sums] : by_type_) {
+    (void)sums;
+    if (std::find(config_types.begin(), config_types.end(), type) == config_types.end()) {
+      throw std::invalid_argument("MetricsAccumulator::allreduce: config_type '" + type +
+                                  "' must be in the list of all types, got no such entry");
+    }
+  }
+  constexpr int64_t kFields = 11;
+  const int64_t rows = 1 + static_cast<int64_t>(config_types.size());
+  at::Tensor packed = at::zeros({rows, kFields}, at::kDouble);
+  auto pack = [&](int64_t row, const Sums& x) {
+    double* d = packed.data_ptr<double>() + row * kFields;
+    const double v[kFields] = {x.e_abs, x.e_sq, x.f_abs, x.f_sq, x.s_abs, x.s_sq, x.f_zero,
+                               double(x.n_e), double(x.n_f), double(x.n_s), double(x.n_struct)};
+    std::copy(v, v + kFields, d);
+  };
+  pack(0, total_);
+  for (size_t t = 0; t < config_types.size(); ++t) {
+    auto it = by_type_.find(config_types[t]);
+    if (it != by_type_.end()) pack(1 + static_cast<int64_t>(t), it->second);
+  }
+  communicator.allreduce_sum(packed);
+  auto unpack = [&](int64_t row) {
+    const double* d = packed.data_ptr<double>() + row * kFields;
+    Sums x;
+    x.e_abs = d[0], x.e_sq = d[1], x.f_abs = d[2], x.f_sq = d[3], x.s_abs = d[4], x.s_sq = d[5];
+    x.f_zero = d[6];
+    x.n_e = std::llround(d[7]), x.n_f = std::llround(d[8]), x.n_s = std::llround(d[9]);
+    x.n_struct = std::llround(d[10]);
+    return x;
+  };
+  total_ = unpack(0);
+  by_type_.clear();
+  for (size_t t = 0; t < config_types.size(); ++t) {
+    Sums x = unpack(1 + static_cast<int64_t>(t));
+    if (x.n_struct > 0) by_type_[config_types[t]] = x;
+  }
+}
+
 ValidationSummary MetricsAccumulator::summary() const {
   ValidationSummary s;
   static_cast<ErrorMetrics&>(s) = total_.metrics();
@@ -143,11 +186,17 @@ ValidationSummary evaluate_model(EnergyModel& model, const AtomicDataset& datase
   module.train(false);
   FreezeParameters frozen(module);
   MetricsAccumulator acc;
-  const int64_t n = dataset.size();
+  // This worker's structures: all, or every size-th from rank (data parallel).
+  Communicator* comm = options.communicator;
+  const bool sharded = comm && comm->size() > 1;
+  std::vector<int64_t> mine;
+  for (int64_t i = sharded ? comm->rank() : 0; i < dataset.size(); i += sharded ? comm->size() : 1) {
+    mine.push_back(i);
+  }
+  const int64_t n = static_cast<int64_t>(mine.size());
   const int64_t bs = std::max<int64_t>(1, options.batch_size);
   for (int64_t begin = 0; begin < n; begin += bs) {
-    std::vector<int64_t> idx(std::min(bs, n - begin));
-    std::iota(idx.begin(), idx.end(), begin);
+    std::vector<int64_t> idx(mine.begin() + begin, mine.begin() + std::min(n, begin + bs));
     Batch batch = dataset.collate(idx).to(device, options.dtype);
     ComputeOptions co;
     co.forces = true;
@@ -156,6 +205,14 @@ ValidationSummary evaluate_model(EnergyModel& model, const AtomicDataset& datase
     acc.add(compute_outputs(model, batch, co), batch);
   }
   module.train(was_training);
+  if (sharded) {
+    std::vector<std::string> types;
+    for (const auto& st : dataset.structures()) {
+      if (std::find(types.begin(), types.end(), st.config_type) == types.end()) types.push_back(st.config_type);
+    }
+    std::sort(types.begin(), types.end());
+    acc.allreduce(*comm, types);
+  }
   return acc.summary();
 }
 

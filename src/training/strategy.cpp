@@ -1,6 +1,7 @@
 #include "crucible/training/strategy.h"
 
 #include "crucible/common/error.h"
+#include "crucible/training/data_parallel.h"
 
 #include <torch/optim/optimizer.h>
 
@@ -87,6 +88,14 @@ TrainingStrategy::TrainingStrategy(std::map<std::string, std::shared_ptr<EnergyM
                       std::to_string(options_.epoch_step_modifier));
   }
   if (loss_.empty()) throw ConfigError("loss must have at least one term with a weight, got none");
+  if (options_.communicator) {
+    world_size = options_.communicator->size();
+    global_rank = options_.communicator->rank();
+    if (!(options_.bucket_cap_mb > 0)) {
+      throw ConfigError("training.distributed.bucket_cap_mb must be > 0, got " +
+                        std::to_string(options_.bucket_cap_mb));
+    }
+  }
   if (options_.validation) {
     const auto& v = *options_.validation;
     if (!v.data || v.data->size() == 0) {
@@ -374,6 +383,23 @@ void TrainingStrategy::ensure_precision_hook() {
   register_hook(std::make_shared<MixedPrecisionHook>(options_.precision));
 }
 
+void TrainingStrategy::ensure_data_parallel_hook() {
+  if (!options_.communicator || options_.communicator->size() <= 1) return;
+  for (const auto& h : registered_hooks()) {
+    if (dynamic_cast<DataParallelHook*>(h.get())) return;
+  }
+  DataParallelOptions o;
+  o.bucket_cap_mb = options_.bucket_cap_mb;
+  register_hook(std::make_shared<DataParallelHook>(options_.communicator, o));
+}
+
+void TrainingStrategy::agree_on_stop_request() {
+  if (!options_.communicator || options_.communicator->size() <= 1) return;
+  at::Tensor flag = at::full({1}, stop_requested_ ? 1.0 : 0.0, at::kDouble);
+  options_.communicator->allreduce_sum(flag);
+  stop_requested_ = flag.item<double>() > 0.0;
+}
+
 TrainContext TrainingStrategy::make_context(const Batch* batch) {
   TrainContext ctx;
   ctx.strategy = this;
@@ -383,6 +409,7 @@ TrainContext TrainingStrategy::make_context(const Batch* batch) {
   ctx.optimizers = optimizers();
   ctx.lr_schedulers = lr_schedulers();
   ctx.precision = precision_plugin();
+  ctx.global_rank = global_rank;
   return ctx;
 }
 
@@ -410,6 +437,7 @@ void TrainingStrategy::exit_hooks(bool failed) {
 
 void TrainingStrategy::train_batch(const Batch& batch) {
   ensure_precision_hook();
+  ensure_data_parallel_hook();
   RunScope scope(*this);
   enter_hooks();
   try {
@@ -516,6 +544,7 @@ ValidationSummary TrainingStrategy::validate() {
   eo.batch_size = v.batch_size;
   eo.dtype = batch_dtype();
   eo.stress = true;
+  eo.communicator = options_.communicator.get();
   {
     // Seed 000: validation runs under the hook's inference autocast.
     std::unique_ptr<AutocastGuard> autocast;
@@ -538,6 +567,7 @@ ValidationSummary TrainingStrategy::validate() {
 void TrainingStrategy::run(DataLoader& loader) {
   stop_requested_ = stopped_early_ = false;
   ensure_precision_hook();
+  ensure_data_parallel_hook();
   RunScope scope(*this);
   enter_hooks();
   try {
@@ -580,6 +610,7 @@ void TrainingStrategy::run(DataLoader& loader) {
           train_batch_impl(batch);
           maybe_validate_after_step();
           set_configured_models_training();
+          agree_on_stop_request();  // every worker stops at the same batch
           processed = true;
           if (epoch_step_count >= batches_per_epoch) {
             epoch_done = true;

@@ -29,6 +29,10 @@ struct LabelCounts {
   int64_t energy = 0, forces = 0, stress = 0, atoms = 0;
 };
 
+/// training.device text to a device: "cpu", "cuda", "cuda:N".
+/// @throws ConfigError for other text, or CUDA on a build without it.
+at::Device parse_device(const std::string& text);
+
 /// Label counts of `structures`. Never throws.
 LabelCounts count_labels(const std::vector<Structure>& structures);
 
@@ -63,9 +67,16 @@ struct TrainingSetup {
 /// configured update hooks (accumulation, clipping, spike skipping, EMA),
 /// then registers `hooks` in order. Writes nothing. Warnings go to
 /// TrainingSetup::warnings.
+/// With a `communicator` of more than one worker (issue 6): the loader is
+/// sharded (DistributedSampler: num_replicas = size, rank, drop_last =
+/// training.distributed.drop_last), the strategy averages gradients
+/// (bucket_cap_mb) and shards validation; a "cuda" device becomes
+/// cuda:<local_rank> when `local_rank` is given.
 /// @throws ConfigError / DataError naming the key or file for bad input.
 TrainingSetup build_training(const Config& config,
-                             const std::vector<std::shared_ptr<Hook>>& hooks = {});
+                             const std::vector<std::shared_ptr<Hook>>& hooks = {},
+                             std::shared_ptr<Communicator> communicator = nullptr,
+                             int local_rank = 0);
 
 /// Name of the recipe file in every checkpoint `crucible train` writes: the
 /// run's Config as a spec (config_to_spec_json).
@@ -84,6 +95,8 @@ struct TrainingRuntime {
   std::optional<std::string> device;         ///< overrides training.device (map_location).
   /// Extra validators, run after same_models_validator on the loaded checkpoint.
   std::vector<CheckpointValidator> validators;
+  std::shared_ptr<Communicator> communicator;  ///< data-parallel workers (null = one process).
+  int local_rank = 0;                          ///< GPU index on this machine.
 };
 
 /// Loads a run from the checkpoint store at `checkpoint_dir`: checkpoint

@@ -118,6 +118,15 @@ struct EmaSettings {
   bool use_for_validation = true;  ///< validate and save model.pt with the average.
 };
 
+/// `training.distributed` section: data-parallel training (issue 6). The
+/// world (rank, size, master) comes from the environment (torchrun, SLURM,
+/// Open MPI) or `crucible train --nproc N`, never from the config.
+struct DistributedSettings {
+  double timeout_s = 120.0;     ///< a collective waiting longer fails (dead worker), > 0.
+  double bucket_cap_mb = 25.0;  ///< gradient all-reduce bucket size (DDP's bucket_cap_mb), > 0.
+  bool drop_last = false;       ///< DistributedSampler drop_last: drop the tail instead of padding.
+};
+
 /// `training.loss` section: weights of the loss terms.
 struct LossSettings {
   double energy_weight = 1.0;   ///< weight of the energy term, >= 0.
@@ -175,6 +184,7 @@ struct TrainingConfig {
   int64_t gradient_accumulation_steps = 1; ///< batches per optimizer step, >= 1.
   SpikeSkippingSettings spike_skipping;
   EmaSettings ema;
+  DistributedSettings distributed;
   int64_t validate_every_n_epochs = 1;     ///< 0 = only after training.
   int64_t validate_every_n_steps = 0;      ///< also every n optimizer steps; 0 = off.
   /// Validation autocast: auto, always or never.

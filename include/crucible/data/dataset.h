@@ -52,24 +52,38 @@ struct DataLoaderOptions {
   bool shuffle = true;     ///< reshuffle every epoch. Default true.
   uint64_t seed = 0;       ///< shuffle seed; epoch e uses seed + e. Default 0.
   bool drop_last = false;  ///< drop the last incomplete batch. Default false.
+  /// Data parallelism (PyTorch DistributedSampler meaning): the epoch's
+  /// shuffled order (identical on every rank: same seed + epoch) is padded
+  /// by repeating its first indices to a multiple of num_replicas, or, with
+  /// sampler_drop_last, cut to one; rank r takes every num_replicas-th index
+  /// from position r. Shards are disjoint apart from the padding. Defaults
+  /// 1 / 0 / false (no sharding).
+  int64_t num_replicas = 1;
+  int64_t rank = 0;                ///< in [0, num_replicas).
+  bool sampler_drop_last = false;
 };
 
 /// Iterates a dataset in batches, with PyTorch DataLoader semantics plus
 /// deterministic per-epoch shuffles and mid-epoch restart.
 class DataLoader {
  public:
-  /// @throws ConfigError if batch_size < 1 or the dataset is empty.
+  /// @throws ConfigError if batch_size < 1, the dataset is empty,
+  ///   num_replicas < 1, rank outside [0, num_replicas), or sampler_drop_last
+  ///   leaves a rank without structures.
   DataLoader(std::shared_ptr<const AtomicDataset> dataset, DataLoaderOptions options);
 
-  /// Batches per epoch (len(dataloader)).
+  /// Batches per epoch of this rank (len(dataloader)).
   int64_t size() const;
+  /// Structures per epoch of this rank (len(DistributedSampler)).
+  int64_t num_samples() const;
   /// Selects the epoch whose shuffle order the next iteration uses.
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
   /// The next iteration starts at batch k of the epoch (one-shot: reset to 0
   /// after an iteration is started). @throws std::out_of_range if k > size().
   void set_epoch_step(int64_t k);
   int64_t epoch() const { return epoch_; }
-  /// Dataset indices in the order of the current epoch.
+  /// Dataset indices of this rank, in the order of the current epoch
+  /// ([num_samples()]).
   std::vector<int64_t> epoch_order() const;
   /// Dataset indices of batch k of the current epoch.
   std::vector<int64_t> batch_indices(int64_t k) const;

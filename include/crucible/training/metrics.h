@@ -2,6 +2,7 @@
 // Error metrics of a model on a dataset, in the units MLIP papers report.
 
 #include "crucible/data/dataset.h"
+#include "crucible/distributed/communicator.h"
 #include "crucible/models/energy_model.h"
 
 #include <ATen/ATen.h>
@@ -53,6 +54,15 @@ class MetricsAccumulator {
   void add(const ModelOutputs& pred, const Batch& batch);
   /// Mean/RMS values in meV units, overall and per config_type.
   ValidationSummary summary() const;
+  /// Replaces the sums by their totals over all workers (one float64
+  /// all-reduce of [(1 + types) x 11] sums and counts), so a summary is
+  /// over every worker's structures, not a mean of means. `config_types`
+  /// must list every type any worker may hold (e.g. all of the validation
+  /// set's), identically on every worker; types with no structure in total
+  /// are left out as in a single process.
+  /// @throws std::invalid_argument if a held type is not in `config_types`;
+  ///   DistributedError from the collective.
+  void allreduce(Communicator& communicator, const std::vector<std::string>& config_types);
 
  private:
   struct Sums {
@@ -69,11 +79,17 @@ struct EvaluateOptions {
   int64_t batch_size = 16;   ///< structures per batch. Default 16.
   bool stress = true;        ///< compute stress for periodic structures. Default true.
   at::ScalarType dtype = at::kFloat;  ///< float dtype of the model. Default float32.
+  /// Data-parallel validation: with more than one worker, this worker
+  /// evaluates structures rank, rank + size, ... and the sums are
+  /// all-reduced (every worker returns the same summary over the whole
+  /// dataset). Null = evaluate everything here.
+  Communicator* communicator = nullptr;
 };
 
 /// Evaluates `model` on every structure of `dataset` (in order) on `device`,
 /// with autograd enabled for forces but without graphs for parameters.
 /// The model is put in eval mode and restored to its previous mode after.
+/// With options.communicator (size > 1) the work is sharded and reduced.
 ValidationSummary evaluate_model(EnergyModel& model, const AtomicDataset& dataset,
                                  at::Device device, const EvaluateOptions& options = {});
 

@@ -4,6 +4,7 @@
 #include "crucible/data/dataset.h"
 #include "crucible/losses/loss.h"
 #include "crucible/models/energy_model.h"
+#include "crucible/distributed/communicator.h"
 #include "crucible/training/hook.h"
 #include "crucible/training/lr_scheduler.h"
 #include "crucible/training/optimizers.h"
@@ -85,6 +86,15 @@ struct StrategyOptions {
   /// first run()/train_batch() unless one is registered already (a
   /// registered one of another mode is a ConfigError then). Issue 3.
   std::string precision;
+  /// Data-parallel training (issue 6). With more than one worker the
+  /// strategy: sets world_size / global_rank from it; registers a
+  /// DataParallelHook (bucket_cap_mb) at the first run()/train_batch()
+  /// unless one is registered; shards validation and all-reduces its sums;
+  /// agrees on stop requests after every batch (any worker's request stops
+  /// all at the same batch). The data loader must be sharded by the caller
+  /// (DataLoaderOptions::num_replicas / rank). Null = one process.
+  std::shared_ptr<Communicator> communicator;
+  double bucket_cap_mb = 25.0;  ///< DataParallelHook bucket size, MiB, > 0.
 };
 
 /// Forward pass used for training: model and batch in, predictions out.
@@ -288,9 +298,12 @@ class TrainingStrategy {
   int64_t batch_count = 0;
   int64_t epoch_count = 0;
   int64_t epoch_step_count = 0;
-  int world_size = 1;
+  int world_size = 1;   ///< workers of a data-parallel run (options.communicator).
+  int global_rank = 0;  ///< this worker's rank.
 
  private:
+  void ensure_data_parallel_hook();
+  void agree_on_stop_request();
   void run_hooks(TrainingStage stage, TrainContext& ctx);
   void install_hooks(std::vector<std::shared_ptr<Hook>> hooks);
   class RunScope;

@@ -1,0 +1,35 @@
+#pragma once
+// `crucible train --nproc N`: N local workers under torchrun-style
+// variables (issue 6), watched until they all end.
+
+#include <chrono>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+/// Options of launch_local_workers.
+struct LaunchOptions {
+  int nproc = 2;  ///< workers, >= 1.
+  /// After a worker fails, the others get this long (their collective
+  /// timeout plus a margin) to exit on their own before they are killed.
+  std::chrono::milliseconds grace{130000};
+};
+
+/// A free TCP port on 127.0.0.1 (bound and released; another process may
+/// take it first, as with torchrun's own choice). @throws std::system_error.
+int free_local_port();
+
+/// Runs `executable args...` nproc times with RANK, LOCAL_RANK = 0..nproc-1,
+/// WORLD_SIZE = nproc, MASTER_ADDR = 127.0.0.1 and a free MASTER_PORT;
+/// SIGINT / SIGTERM received meanwhile are forwarded to every worker. When
+/// a worker exits non-zero or by a signal, says which rank and how on
+/// `err`, waits up to `grace` for the others, then kills those left.
+/// Returns 0 if every worker exited 0, else the first failure's exit code
+/// (128 + signal for a killed worker).
+/// @throws std::system_error if a worker cannot be started.
+int launch_local_workers(const std::string& executable, const std::vector<std::string>& args,
+                         const LaunchOptions& options, std::ostream& err);
+
+}  // namespace crucible
