@@ -1,5 +1,7 @@
 #include "crucible/data/dataset.h"
 
+#include <algorithm>
+
 #include "crucible/common/error.h"
 
 #include <cmath>
@@ -119,24 +121,49 @@ int64_t DataLoader::take_start_step() {
 }
 
 std::vector<int64_t> DataLoader::epoch_order() const {
+  return shard_of(epoch_, epoch_ == offset_epoch_ ? offset_ : 0);
+}
+
+std::vector<int64_t> DataLoader::shard_of(int64_t epoch, int64_t skip) const {
   const int64_t n = dataset_->size();
   std::vector<int64_t> order;
   if (options_.shuffle) {
-    order = seeded_permutation(n, options_.seed + static_cast<uint64_t>(epoch_));
+    order = seeded_permutation(n, options_.seed + static_cast<uint64_t>(epoch));
   } else {
     order.resize(n);
     for (int64_t i = 0; i < n; ++i) order[i] = i;
   }
+  order.erase(order.begin(), order.begin() + skip);
   const int64_t r = options_.num_replicas;
   if (r == 1) return order;
   // DistributedSampler: pad (repeating from the start) or cut to a multiple of r.
-  const int64_t total = num_samples() * r;
+  const int64_t m = static_cast<int64_t>(order.size());
+  if (m == 0) return order;
+  const int64_t per_rank = (options_.sampler_drop_last && m % r != 0) ? m / r : (m + r - 1) / r;
+  const int64_t total = per_rank * r;
   for (int64_t i = 0; static_cast<int64_t>(order.size()) < total; ++i) order.push_back(order[i]);
   order.resize(total);
   std::vector<int64_t> shard;
-  shard.reserve(num_samples());
+  shard.reserve(per_rank);
   for (int64_t i = options_.rank; i < total; i += r) shard.push_back(order[i]);
   return shard;
+}
+
+void DataLoader::set_resume_offset(int64_t epoch, int64_t consumed) {
+  if (consumed < 0 || consumed > dataset_->size()) {
+    throw std::out_of_range("set_resume_offset: consumed must be in [0, " +
+                            std::to_string(dataset_->size()) + "], got " + std::to_string(consumed));
+  }
+  offset_epoch_ = epoch;
+  offset_ = consumed;
+}
+
+int64_t DataLoader::first_batch(int64_t epoch) const {
+  if (epoch != offset_epoch_ || offset_ == 0) return 0;
+  const int64_t left = static_cast<int64_t>(shard_of(epoch, offset_).size());
+  const int64_t b = options_.batch_size;
+  const int64_t batches = options_.drop_last ? left / b : (left + b - 1) / b;
+  return std::max<int64_t>(0, size() - batches);
 }
 
 std::vector<int64_t> DataLoader::batch_indices(int64_t k) const {
@@ -145,8 +172,15 @@ std::vector<int64_t> DataLoader::batch_indices(int64_t k) const {
                             std::to_string(k));
   }
   const auto order = epoch_order();
-  const int64_t begin = k * options_.batch_size;
-  const int64_t end = std::min<int64_t>(begin + options_.batch_size, num_samples());
+  const int64_t first = first_batch(epoch_);
+  if (k < first) {
+    throw std::out_of_range("batch " + std::to_string(k) + " of epoch " + std::to_string(epoch_) +
+                            " was consumed before the resume (the epoch continues at batch " +
+                            std::to_string(first) + ")");
+  }
+  const int64_t begin = (k - first) * options_.batch_size;
+  const int64_t end =
+      std::min<int64_t>(begin + options_.batch_size, static_cast<int64_t>(order.size()));
   return {order.begin() + begin, order.begin() + end};
 }
 

@@ -66,7 +66,19 @@ class ProcessGroupCommunicator : public Communicator {
     try {
       if (backend == "gloo") {
         auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
-        opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+        // Like PyTorch: GLOO_SOCKET_IFNAME picks the interface; a loopback
+        // master means a single machine, so stay on loopback; else the
+        // interface the hostname resolves to.
+        if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+          opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+        } else if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") {
+          opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        } else {
+          opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+        }
+        // One collective at a time: one worker thread (measured faster than
+        // the default 2 on 2-core machines: 14k floats 0.4 ms vs 1-2 ms).
+        opts->threads = 1;
         group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, env.rank, env.world_size, opts);
       } else if (backend == "nccl") {
 #ifdef USE_C10D_NCCL

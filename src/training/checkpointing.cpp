@@ -194,7 +194,7 @@ void CheckpointHook::on_boundary(TrainingStrategy& s, TrainingStrategy::Boundary
       due = options_.at_end;
       break;
     case B::kStop:
-      due = signal_received_;
+      due = true;  // stopped early (a signal here or on another worker, or request_stop)
       break;
   }
   if (!due || s.batch_count == last_saved_batch_) {

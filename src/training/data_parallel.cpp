@@ -6,6 +6,9 @@
 
 #include <torch/optim/optimizer.h>
 
+#include "crucible/training/strategy.h"
+
+#include <chrono>
 #include <set>
 #include <stdexcept>
 #include <vector>
@@ -85,8 +88,11 @@ void DataParallelHook::average_gradients(TrainContext& ctx) {
       numel += params[j].numel();
       ++j;
     }
-    const bool carry_loss = !loss_sent && ctx.loss.defined();
-    at::Tensor flat = at::zeros({numel + (carry_loss ? 1 : 0)},
+    // The first bucket also carries the loss and the stop flag.
+    const bool first = !loss_sent;
+    const bool carry_loss = first && ctx.loss.defined();
+    const int64_t extra = first ? 2 : 0;
+    at::Tensor flat = at::zeros({numel + extra},
                                 at::TensorOptions().dtype(dt).device(params[i].device()));
     int64_t offset = 0;
     for (size_t k = i; k < j; ++k) {
@@ -96,8 +102,13 @@ void DataParallelHook::average_gradients(TrainContext& ctx) {
       offset += n;
     }
     if (carry_loss) flat.narrow(0, numel, 1).copy_(ctx.loss.detach().reshape({1}).to(dt));
+    if (first && ctx.strategy && ctx.strategy->stop_requested()) flat[numel + 1].fill_(1.0);
+    const auto t0 = std::chrono::steady_clock::now();
     communicator_->allreduce_sum(flat);
+    communication_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++num_allreduces_;
+    if (first && ctx.strategy) ctx.strategy->agree_stop(flat[numel + 1].item<double>() > 0.5);
     flat.div_(static_cast<double>(world));
     offset = 0;
     for (size_t k = i; k < j; ++k) {
@@ -111,17 +122,11 @@ void DataParallelHook::average_gradients(TrainContext& ctx) {
       }
       offset += n;
     }
-    if (carry_loss) {
-      ctx.loss = flat.narrow(0, numel, 1).reshape({}).to(ctx.loss.scalar_type());
-      loss_sent = true;
-    }
+    if (carry_loss) ctx.loss = flat.narrow(0, numel, 1).reshape({}).to(ctx.loss.scalar_type());
+    loss_sent = true;
     i = j;
   }
-  if (!loss_sent && ctx.loss.defined()) {  // no parameters: still agree on the loss
-    at::Tensor l = ctx.loss.detach().reshape({1}).to(at::kDouble);
-    communicator_->allreduce_sum(l);
-    ctx.loss = (l / world).reshape({}).to(ctx.loss.scalar_type());
-  }
+  // (No parameters: nothing reduced; the strategy agrees on stops itself.)
   ++num_reduced_steps_;
 }
 

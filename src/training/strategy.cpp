@@ -5,6 +5,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <regex>
 #include <sstream>
@@ -394,10 +395,16 @@ void TrainingStrategy::ensure_data_parallel_hook() {
 }
 
 void TrainingStrategy::agree_on_stop_request() {
-  if (!options_.communicator || options_.communicator->size() <= 1) return;
-  at::Tensor flag = at::full({1}, stop_requested_ ? 1.0 : 0.0, at::kDouble);
-  options_.communicator->allreduce_sum(flag);
-  stop_requested_ = flag.item<double>() > 0.0;
+  if (!options_.communicator || options_.communicator->size() <= 1) {
+    stop_agreed_ = stop_requested_;
+  } else if (reduced_stop_) {
+    stop_agreed_ = *reduced_stop_;  // rode in this batch's gradient all-reduce
+  } else {
+    at::Tensor flag = at::full({1}, stop_requested_ ? 1.0 : 0.0, at::kDouble);
+    options_.communicator->allreduce_sum(flag);
+    stop_agreed_ = flag.item<double>() > 0.0;
+  }
+  reduced_stop_.reset();
 }
 
 TrainContext TrainingStrategy::make_context(const Batch* batch) {
@@ -565,7 +572,8 @@ ValidationSummary TrainingStrategy::validate() {
 }
 
 void TrainingStrategy::run(DataLoader& loader) {
-  stop_requested_ = stopped_early_ = false;
+  stop_requested_ = stop_agreed_ = stopped_early_ = false;
+  reduced_stop_.reset();
   ensure_precision_hook();
   ensure_data_parallel_hook();
   RunScope scope(*this);
@@ -574,7 +582,28 @@ void TrainingStrategy::run(DataLoader& loader) {
     TrainContext setup_ctx = make_context(nullptr);
     run_hooks(TrainingStage::SETUP, setup_ctx);
     const int64_t batches_per_epoch = loader.size();
-    const int64_t target = target_step_count(batches_per_epoch);
+    int64_t target = target_step_count(batches_per_epoch);
+    if (saved_world_size_) {
+      // Resumed with another world size (issue 6): the saved position counts
+      // batches of saved_world_size_ workers. The epoch continues after the
+      // structures they consumed (all their batches so far were full), and
+      // an epoch-count target counts the batches actually left.
+      const int64_t consumed = std::min<int64_t>(
+          loader.dataset().size(),
+          epoch_step_count * loader.options().batch_size * *saved_world_size_);
+      if (epoch_step_count > 0) {
+        loader.set_resume_offset(epoch_count, consumed);
+        epoch_step_count = loader.first_batch(epoch_count);
+      }
+      batch_count = epoch_count * batches_per_epoch + epoch_step_count;
+      if (options_.num_epochs) {
+        const int64_t left = (batches_per_epoch - epoch_step_count) +
+                             (*options_.num_epochs - epoch_count - 1) * batches_per_epoch;
+        target = step_count + static_cast<int64_t>(std::ceil(
+                                  static_cast<double>(left) * options_.epoch_step_modifier));
+      }
+      saved_world_size_.reset();
+    }
     if (step_count < target) {
       // Restart: normalise epoch_step_count and check counter consistency (seed 002).
       if (batches_per_epoch > 0 && epoch_step_count >= batches_per_epoch) {
@@ -616,7 +645,7 @@ void TrainingStrategy::run(DataLoader& loader) {
             epoch_done = true;
             break;
           }
-          if (stop_requested_) break;
+          if (stop_agreed_) break;
           at_boundary(Boundary::kBatch);
         }
         if (!processed && step_count < target) {
@@ -632,7 +661,7 @@ void TrainingStrategy::run(DataLoader& loader) {
           if (validation_due_after_epoch()) validate_and_step_metric_schedulers();
           set_configured_models_training();
         }
-        if (stop_requested_ && step_count < target) {
+        if (stop_agreed_ && step_count < target) {
           stopped_early_ = true;
           at_boundary(Boundary::kStop);
           break;

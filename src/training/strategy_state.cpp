@@ -186,6 +186,12 @@ void TrainingStrategy::restore_state_files(const std::map<std::string, std::stri
   batch_count = entry(counters, "counters.pt", "batch_count").item<int64_t>();
   epoch_count = entry(counters, "counters.pt", "epoch_count").item<int64_t>();
   epoch_step_count = entry(counters, "counters.pt", "epoch_step_count").item<int64_t>();
+  // Another world size: run() re-bases the position in the epoch (issue 6).
+  saved_world_size_.reset();
+  if (counters.count("world_size")) {
+    const int64_t saved = counters.at("world_size").item<int64_t>();
+    if (saved != world_size) saved_world_size_ = saved;
+  }
   for (auto& [name, m] : models_) {
     const std::string file = "model." + name + ".pt";
     for (auto& item : m->module().named_parameters(true)) {

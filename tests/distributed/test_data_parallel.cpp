@@ -5,6 +5,7 @@
 
 #include "crucible/distributed/launcher.h"
 #include "crucible/distributed/process_group.h"
+#include "crucible/training/checkpointing.h"
 #include "crucible/training/data_parallel.h"
 #include "crucible/training/spike_skipping.h"
 #include "crucible/training/strategy.h"
@@ -12,6 +13,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
 #include <thread>
 
 namespace crucible {
@@ -133,6 +139,92 @@ TEST(DataParallel, AnInfGradientOnOneWorkerSkipsTheStepOnEvery) {
   EXPECT_EQ(steps[0], steps[1]);
   EXPECT_TRUE(models[0]->a.equal(models[1]->a));
   EXPECT_TRUE(std::isfinite(models[0]->a.item<double>()));
+}
+
+/// Records which structures (by the x of their second atom, unique here)
+/// each batch of epoch 0 held.
+class SeenHook : public Hook {
+ public:
+  explicit SeenHook(std::map<double, int>& seen, std::mutex& m) : seen_(seen), mutex_(m) {}
+  std::string name() const override { return "seen"; }
+  bool runs_on_stage(TrainingStage s) const override { return s == TrainingStage::BEFORE_BATCH; }
+  void operator()(TrainContext& ctx, TrainingStage) override {
+    if (ctx.epoch_count != 0) return;
+    const Batch& b = *ctx.batch;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int64_t g = 0; g < b.num_graphs(); ++g) {
+      const int64_t first = b.ptr[g].item<int64_t>();
+      ++seen_[b.positions[first + 1][0].item<double>()];
+    }
+  }
+
+ private:
+  std::map<double, int>& seen_;
+  std::mutex& mutex_;
+};
+
+TEST(DataParallel, TwoWorkerCheckpointResumesWithOneWorkerAtTheRightSample) {
+  auto data = trimers(16);  // 2 workers x batch 2: 4 batches per epoch each
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("crucible_dp_resume_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto store = std::make_shared<checkpoint::CheckpointStore>(dir);
+  std::map<double, int> seen;
+  std::mutex seen_mutex;
+  const int port = free_local_port();
+  auto worker = [&](int rank) {
+    StrategyOptions o = sgd_options(1);
+    o.num_steps.reset();
+    o.num_epochs = 2;
+    o.communicator = connect(rank, 2, port);
+    ToyModel model(0.5, 1.0, 0.0);
+    TrainingStrategy s(model.ptr(), o, energy_forces_loss());
+    CheckpointHookOptions co;
+    co.every_n_epochs = 0;
+    co.at_end = false;
+    s.register_hook(std::make_shared<CheckpointHook>(store, co));
+    s.register_hook(std::make_shared<SeenHook>(seen, seen_mutex));
+    // Rank 0 alone asks to stop after its 2nd batch: the flag rides in the
+    // 3rd batch's gradient all-reduce, and both stop after that batch.
+    if (rank == 0) {
+      s.register_hook(std::make_shared<LambdaHook>(
+          "stop", std::set<TrainingStage>{TrainingStage::AFTER_BATCH},
+          [](TrainContext& ctx, TrainingStage) {
+            if (ctx.batch_count == 2) ctx.strategy->request_stop();
+          }));
+    }
+    DataLoaderOptions lo{2, true, 3, false};
+    lo.num_replicas = 2;
+    lo.rank = rank;
+    DataLoader loader(data, lo);
+    s.run(loader);
+    EXPECT_TRUE(s.stopped_early()) << "rank " << rank;
+    EXPECT_EQ(s.step_count, 3) << "rank " << rank;
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  a.join();
+  b.join();
+  int before = 0;
+  for (const auto& [x, n] : seen) before += n;
+  EXPECT_EQ(before, 12) << "3 batches x 2 structures x 2 workers";
+  ASSERT_EQ(store->list().size(), 1u) << "rank 0 alone wrote the stop checkpoint";
+
+  // One worker, batch 2, resumes: the 4 structures left of epoch 0, once each.
+  StrategyOptions o = sgd_options(1);
+  o.num_steps.reset();
+  o.num_epochs = 2;
+  ToyModel model(0.1, 0.1, 0.1);
+  TrainingStrategy s(model.ptr(), o, energy_forces_loss());
+  s.register_hook(std::make_shared<SeenHook>(seen, seen_mutex));
+  restore_checkpoint(*store, s);
+  DataLoader loader(data, {2, true, 3, false});
+  s.run(loader);
+  EXPECT_EQ(seen.size(), 16u) << "every structure of epoch 0 seen";
+  for (const auto& [x, n] : seen) EXPECT_EQ(n, 1) << "structure at x=" << x << " seen " << n << " times";
+  // Epoch 0 ended after 2 more steps; epoch 1 had 8 batches of one worker.
+  EXPECT_EQ(s.epoch_count, 2);
+  EXPECT_EQ(s.step_count, 3 + 2 + 8);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -132,5 +132,19 @@ TEST_F(NprocTest, AKilledWorkerMakesTheOtherExitNonZeroWithinTheTimeout) {
   EXPECT_EQ(r.err.find("did not stop in time"), std::string::npos) << r.err;
 }
 
+TEST_F(NprocTest, TwoWorkerRunStoppedBySigtermResumesWithOneWorker) {
+  auto a = args("resize", 2, 30);
+  a.insert(a.begin() + 1, {"--nproc", "2"});
+  Result r = run(dir_, "CRUCIBLE_FAULT_SIGTERM_AT_BATCH=3", a);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("stopped by a signal"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "resize" / "summary.json"));
+  r = run(dir_, "", {"train", "--resume", (dir_ / "resize").string()});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("resuming from checkpoint"), std::string::npos) << r.out;
+  const auto summary = nlohmann::json::parse(read_text(dir_ / "resize" / "summary.json"));
+  EXPECT_EQ(summary.at("steps"), 30);
+}
+
 }  // namespace
 }  // namespace crucible

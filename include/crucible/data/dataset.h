@@ -93,12 +93,25 @@ class DataLoader {
   const DataLoaderOptions& options() const { return options_; }
   /// Takes (and resets) the start batch set by set_epoch_step.
   int64_t take_start_step();
+  /// Resume after a world-size change (issue 6): in epoch `epoch`, the
+  /// first `consumed` structures of the epoch's global order were already
+  /// trained on (by any number of workers). That epoch then shards only the
+  /// rest (padded / cut for num_replicas as usual) into its last batches:
+  /// batches first_batch(epoch) .. size()-1. Other epochs are unaffected.
+  /// @throws std::out_of_range if consumed is outside [0, dataset size].
+  void set_resume_offset(int64_t epoch, int64_t consumed);
+  /// The first batch index of `epoch` (0 unless set_resume_offset shortened it).
+  int64_t first_batch(int64_t epoch) const;
 
  private:
   std::shared_ptr<const AtomicDataset> dataset_;
   DataLoaderOptions options_;
+  /// This rank's indices of `epoch` after skipping `skip` of its global order.
+  std::vector<int64_t> shard_of(int64_t epoch, int64_t skip) const;
   int64_t epoch_ = 0;
   int64_t start_step_ = 0;
+  int64_t offset_epoch_ = -1;  ///< epoch shortened by set_resume_offset (-1 = none).
+  int64_t offset_ = 0;
 };
 
 }  // namespace crucible

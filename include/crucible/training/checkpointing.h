@@ -100,8 +100,8 @@ struct CheckpointHookOptions {
 /// Writes checkpoints at the strategy's boundaries (TrainingStrategy::
 /// add_boundary_callback, registered at SETUP), so every checkpoint resumes
 /// exactly: after a batch whose step count is a multiple of every_n_steps,
-/// after every every_n_epochs-th epoch, at the end, and when a signal
-/// stopped the run. Never writes twice for the same batch_count. In a
+/// after every every_n_epochs-th epoch, at the end, and whenever the run
+/// stops early (a signal, another worker's agreed stop, request_stop()). Never writes twice for the same batch_count. In a
 /// data-parallel run only global rank 0 writes (all workers hold the same
 /// state); the others still handle signals, and the strategy agrees on the
 /// stop so every worker stops at the same batch.

@@ -35,7 +35,8 @@ struct DataParallelOptions {
 ///   divided by the world size, in buckets; float64 gradients reduce in
 ///   float64, every other dtype in float32 (Gloo cannot reduce bfloat16) and
 ///   is copied back in its own dtype. The batch loss (`ctx.loss`) rides in
-///   the first bucket and is replaced by its mean over the workers, so
+///   the first bucket (with the stop flag: TrainingStrategy::agree_stop)
+///   and is replaced by its mean over the workers, so
 ///   spike skipping decides identically everywhere; an inf/NaN gradient on
 ///   one worker makes the sum non-finite on all, so a gradient scaler or the
 ///   spike hook skips the same steps on every worker.
@@ -59,6 +60,9 @@ class DataParallelHook : public TrainingUpdateHook {
   int64_t num_allreduces() const { return num_allreduces_; }
   /// Steps whose gradients were averaged.
   int64_t num_reduced_steps() const { return num_reduced_steps_; }
+  /// Wall time spent inside gradient all-reduces (including waiting for
+  /// slower workers), s.
+  double communication_seconds() const { return communication_seconds_; }
   const Communicator& communicator() const { return *communicator_; }
 
  private:
@@ -68,6 +72,7 @@ class DataParallelHook : public TrainingUpdateHook {
   DataParallelOptions options_;
   int64_t num_allreduces_ = 0;
   int64_t num_reduced_steps_ = 0;
+  double communication_seconds_ = 0;
 };
 
 }  // namespace crucible

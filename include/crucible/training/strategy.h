@@ -185,7 +185,16 @@ class TrainingStrategy {
   /// SIGINT/SIGTERM handler's flag): it then returns without AFTER_TRAINING
   /// and without the final validation, with the counters at the last batch
   /// (a checkpoint taken then resumes exactly). Cleared when run() starts.
+  /// Data parallel: every worker stops at the same batch, the first one
+  /// after the request reached all of them (the flag rides in the next
+  /// gradient all-reduce, or a one-element all-reduce on batches without
+  /// one), i.e. usually one batch later than in one process.
   void request_stop() { stop_requested_ = true; }
+  /// True once request_stop() was called in this run (this worker only).
+  bool stop_requested() const { return stop_requested_; }
+  /// Records the workers' agreed stop decision of the current batch
+  /// (DataParallelHook, from the all-reduced flags). Never throws.
+  void agree_stop(bool any_worker_requested) { reduced_stop_ = any_worker_requested; }
   /// True if the last run() ended through request_stop().
   bool stopped_early() const { return stopped_early_; }
 
@@ -341,11 +350,15 @@ class TrainingStrategy {
   std::vector<std::unique_ptr<LrScheduler>> schedulers_;  ///< paired with optimizers_, null = none
   std::shared_ptr<EnergyModel> inference_model_;
   std::map<std::string, std::string> pending_state_;  ///< optimizer files awaiting the optimizers
+  /// World size of a restored checkpoint when it differs from this run's.
+  std::optional<int64_t> saved_world_size_;
   std::optional<ValidationSummary> last_validation_;
   bool has_do_backward_ = false;
   bool has_do_optimizer_step_ = false;
   bool optimizer_step_skipped_ = false;
   bool stop_requested_ = false;
+  bool stop_agreed_ = false;           ///< the decision every worker acts on
+  std::optional<bool> reduced_stop_;   ///< agreed in this batch's gradient all-reduce
   bool stopped_early_ = false;
   std::vector<BoundaryCallback> boundary_callbacks_;
   void at_boundary(Boundary b) {
