@@ -3,32 +3,14 @@
 // Run: ./build/bench_neighbor_list
 
 #include "crucible/neighbors/neighbor_list.h"
+#include "fcc_cu.h"
 
 #include <benchmark/benchmark.h>
 
-#include <random>
-#include <vector>
 
 namespace {
 
-std::pair<at::Tensor, at::Tensor> fcc_cu(int rep) {
-  const double a = 3.61;
-  std::mt19937_64 gen(7);
-  std::normal_distribution<double> noise(0.0, 0.02);
-  const double basis[4][3] = {{0, 0, 0}, {0.5, 0.5, 0}, {0.5, 0, 0.5}, {0, 0.5, 0.5}};
-  std::vector<double> pos;
-  for (int x = 0; x < rep; ++x)
-    for (int y = 0; y < rep; ++y)
-      for (int z = 0; z < rep; ++z)
-        for (const auto& b : basis) {
-          pos.push_back((x + b[0]) * a + noise(gen));
-          pos.push_back((y + b[1]) * a + noise(gen));
-          pos.push_back((z + b[2]) * a + noise(gen));
-        }
-  const auto n = static_cast<int64_t>(pos.size() / 3);
-  auto positions = at::from_blob(pos.data(), {n, 3}, at::kDouble).clone();
-  return {positions, at::eye(3, at::kDouble) * (a * rep)};
-}
+using crucible::bench::fcc_cu;
 
 void BM_NeighborList(benchmark::State& state) {
   auto [positions, cell] = fcc_cu(static_cast<int>(state.range(0)));
