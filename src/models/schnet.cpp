@@ -4,6 +4,7 @@
 // with a residual update of the atom features.
 
 #include "crucible/models/schnet.h"
+#include "crucible/models/shifted_softplus.h"
 
 #include <ATen/ATen.h>
 
@@ -16,8 +17,10 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
-/// Shifted softplus ssp(x) = ln(½eˣ + ½) = softplus(x) - ln 2 (Schütt et al. 2018, Eq. 4).
-at::Tensor shifted_softplus(const at::Tensor& x) { return at::softplus(x) - std::log(2.0); }
+/// The activation: hand-written derivatives, or autograd's (reference path).
+at::Tensor ssp(const at::Tensor& x, bool reference) {
+  return reference ? shifted_softplus_reference(x) : shifted_softplus(x);
+}
 
 void check_options(const SchNetOptions& o) {
   auto fail = [](const std::string& what) {
@@ -77,6 +80,7 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   const at::ScalarType geom = batch.positions.scalar_type();
   const at::ScalarType layer = out2_->weight.scalar_type();
 
+  const bool ref = options_.reference_autograd;
   const at::Tensor i = batch.edge_index.select(0, 0);
   const at::Tensor j = batch.edge_index.select(0, 1);
   at::Tensor rbf, fc;
@@ -103,14 +107,14 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     auto dense = dense_->ptr<torch::nn::LinearImpl>(t);
     // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
     const at::Tensor W =
-        filter2->forward(shifted_softplus(filter1->forward(rbf_in))) * fc.unsqueeze(-1).to(layer);
+        filter2->forward(ssp(filter1->forward(rbf_in), ref)) * fc.unsqueeze(-1).to(layer);
     const at::Tensor h = in2f->forward(x);                    // [N,K]
     const at::Tensor msg = h.index_select(0, j) * W;          // [E,K]
     at::Tensor v = at::zeros({N, msg.size(1)}, msg.options()).index_add(0, i, msg);  // Σ_j, [N,K]
-    v = dense->forward(shifted_softplus(f2out->forward(v)));  // [N,F]
+    v = dense->forward(ssp(f2out->forward(v), ref));  // [N,F]
     x = x + v.to(x.scalar_type());
   }
-  at::Tensor y = out2_->forward(shifted_softplus(out1_->forward(x))).squeeze(-1);  // [N]
+  at::Tensor y = out2_->forward(ssp(out1_->forward(x), ref)).squeeze(-1);  // [N]
   // Back to the geometry dtype before the scale/shift and the energy sum.
   AutocastDisabledGuard no_autocast;
   y = y.to(geom);

@@ -1,6 +1,7 @@
 #include "crucible/training/strategy.h"
 
 #include "crucible/common/error.h"
+#include "crucible/training/allocator.h"
 #include "crucible/training/data_parallel.h"
 
 #include <torch/optim/optimizer.h>
@@ -89,6 +90,7 @@ TrainingStrategy::TrainingStrategy(std::map<std::string, std::shared_ptr<EnergyM
                       std::to_string(options_.epoch_step_modifier));
   }
   if (loss_.empty()) throw ConfigError("loss must have at least one term with a weight, got none");
+  tune_allocator_for_training();
   if (options_.communicator) {
     world_size = options_.communicator->size();
     global_rank = options_.communicator->rank();

@@ -22,6 +22,10 @@ struct SchNetOptions {
   int64_t num_gaussians = 20;     ///< Gaussian radial basis size. Default 20.
   double cutoff = 5.0;            ///< cosine cutoff radius, Å. Default 5.
   int64_t max_atomic_number = 118;///< embedding table covers Z = 0..max. Default 118.
+  /// Differentiate everything with autograd's generic derivatives (the
+  /// reference path the hand-written derivatives are tested against,
+  /// issue 7). Not a config key. Default false.
+  bool reference_autograd = false;
 };
 
 /// SchNet energy model.

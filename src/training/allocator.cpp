@@ -1,0 +1,29 @@
+// tune_allocator_for_training (issue 7).
+
+#include "crucible/training/allocator.h"
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace crucible {
+
+void tune_allocator_for_training() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* keep = std::getenv("CRUCIBLE_DEFAULT_MALLOC");
+    if (keep && std::strcmp(keep, "1") == 0) return;
+#if defined(__GLIBC__)
+    mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);  // glibc's maximum on 64-bit
+    mallopt(M_TRIM_THRESHOLD, INT_MAX);
+    mallopt(M_TOP_PAD, 512 * 1024 * 1024);
+#endif
+  });
+}
+
+}  // namespace crucible
