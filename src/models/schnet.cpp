@@ -4,6 +4,7 @@
 // with a residual update of the atom features.
 
 #include "crucible/models/schnet.h"
+#include "crucible/models/cfconv.h"
 #include "crucible/models/shifted_softplus.h"
 
 #include <ATen/ATen.h>
@@ -109,8 +110,13 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     const at::Tensor W =
         filter2->forward(ssp(filter1->forward(rbf_in), ref)) * fc.unsqueeze(-1).to(layer);
     const at::Tensor h = in2f->forward(x);                    // [N,K]
-    const at::Tensor msg = h.index_select(0, j) * W;          // [E,K]
-    at::Tensor v = at::zeros({N, msg.size(1)}, msg.options()).index_add(0, i, msg);  // Σ_j, [N,K]
+    at::Tensor v;                                             // Σ_j h_j ⊙ W_ij, [N,K]
+    if (ref) {
+      const at::Tensor msg = h.index_select(0, j) * W;        // [E,K]
+      v = at::zeros({N, msg.size(1)}, msg.options()).index_add(0, i, msg);
+    } else {
+      v = cfconv(h, W, i, j);  // fused, hand-written derivatives (issue 7)
+    }
     v = dense->forward(ssp(f2out->forward(v), ref));  // [N,F]
     x = x + v.to(x.scalar_type());
   }

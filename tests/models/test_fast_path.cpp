@@ -4,6 +4,7 @@
 // forces + stress loss agree to 1e-10 in float64.
 
 #include "crucible/losses/loss.h"
+#include "crucible/models/cfconv.h"
 #include "crucible/models/schnet.h"
 #include "crucible/models/shifted_softplus.h"
 #include "helpers.h"
@@ -44,6 +45,37 @@ TEST(FastPath, ShiftedSoftplusValueFirstAndSecondDerivatives) {
   at::Tensor far = at::full({1}, 25.0, at::kDouble).requires_grad_(true);
   at::Tensor d = torch::autograd::grad({shifted_softplus(far).sum()}, {far})[0];
   EXPECT_DOUBLE_EQ(d.item<double>(), 1.0 / (1.0 + std::exp(-25.0)));
+}
+
+TEST(FastPath, CfconvAndEdgeProductMatchCompositeOpsToSecondOrder) {
+  for (at::ScalarType dt : {at::kDouble, at::kFloat}) {
+    const double tol = dt == at::kDouble ? 1e-12 : 2e-4;
+    at::manual_seed(1);
+    const int64_t N = 7, E = 30, K = 5;
+    const at::Tensor recv = at::randint(0, N, {E}, at::kLong);
+    const at::Tensor send = at::randint(0, N, {E}, at::kLong);
+    const at::Tensor h0 = at::randn({N, K}, dt), w0 = at::randn({E, K}, dt);
+    const at::Tensor up = at::randn({N, K}, dt);
+    std::vector<at::Tensor> results[2];
+    for (int path = 0; path < 2; ++path) {
+      at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      at::Tensor v = path == 0 ? cfconv(h, w, recv, send)
+                               : at::zeros({N, K}, dt).index_add(0, recv, h.index_select(0, send) * w);
+      auto g = torch::autograd::grad({(v * up).sum()}, {h, w}, {}, true, true);
+      // A second-order quantity through both first derivatives.
+      at::Tensor q = (g[0].pow(2).sum() + (g[1] * w).pow(2).sum());
+      auto gg = torch::autograd::grad({q}, {h, w});
+      results[path] = {v, g[0], g[1], gg[0], gg[1]};
+    }
+    for (size_t k = 0; k < results[0].size(); ++k) {
+      const double scale = std::max(1.0, results[1][k].abs().max().item<double>());
+      EXPECT_LT((results[0][k] - results[1][k]).abs().max().item<double>() / scale, tol)
+          << "quantity " << k << " dtype " << dt;
+    }
+    // edge_product against its definition.
+    const at::Tensor p = edge_product(h0, up, send, recv);
+    EXPECT_LT((p - h0.index_select(0, send) * up.index_select(0, recv)).abs().max().item<double>(), tol);
+  }
 }
 
 TEST(FastPath, SchNetFastPathEqualsReferencePathToFloat64Precision) {

@@ -1,0 +1,139 @@
+// cfconv / edge_product: fused CPU loops and mutually recursive derivatives.
+
+#include "crucible/models/cfconv.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace crucible {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+bool fused_ok(const at::Tensor& a, const at::Tensor& b) {
+  return a.device().is_cpu() && b.device().is_cpu() && a.scalar_type() == b.scalar_type() &&
+         (a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble);
+}
+
+void check_indices(const at::Tensor& idx, int64_t n, const char* what) {
+  TORCH_CHECK(idx.scalar_type() == at::kLong && idx.dim() == 1, what, " must be a 1-D int64 tensor");
+  if (idx.numel() > 0) {
+    TORCH_CHECK(idx.min().item<int64_t>() >= 0 && idx.max().item<int64_t>() < n, what,
+                " must index rows 0..", n - 1);
+  }
+}
+
+template <class T>
+void cfconv_kernel(const T* h, const T* w, const int64_t* recv, const int64_t* send, T* out,
+                   int64_t E, int64_t K) {
+  for (int64_t e = 0; e < E; ++e) {
+    T* o = out + recv[e] * K;
+    const T* hs = h + send[e] * K;
+    const T* we = w + e * K;
+    for (int64_t k = 0; k < K; ++k) o[k] += hs[k] * we[k];
+  }
+}
+
+template <class T>
+void edge_product_kernel(const T* a, const T* b, const int64_t* left, const int64_t* right, T* out,
+                         int64_t E, int64_t K) {
+  for (int64_t e = 0; e < E; ++e) {
+    const T* al = a + left[e] * K;
+    const T* br = b + right[e] * K;
+    T* o = out + e * K;
+    for (int64_t k = 0; k < K; ++k) o[k] = al[k] * br[k];
+  }
+}
+
+at::Tensor cfconv_forward(const at::Tensor& h, const at::Tensor& W, const at::Tensor& recv,
+                          const at::Tensor& send) {
+  TORCH_CHECK(h.dim() == 2 && W.dim() == 2 && h.size(1) == W.size(1) &&
+                  W.size(0) == recv.size(0) && W.size(0) == send.size(0),
+              "cfconv: h [N,K], W [E,K], receiver/sender [E] expected");
+  if (!fused_ok(h, W)) {
+    return at::zeros_like(h).index_add(0, recv, h.index_select(0, send) * W);
+  }
+  const at::Tensor hc = h.contiguous(), wc = W.contiguous();
+  const at::Tensor r = recv.contiguous(), s = send.contiguous();
+  check_indices(r, h.size(0), "cfconv receiver");
+  check_indices(s, h.size(0), "cfconv sender");
+  at::Tensor out = at::zeros_like(hc);
+  AT_DISPATCH_FLOATING_TYPES(hc.scalar_type(), "cfconv", [&] {
+    cfconv_kernel<scalar_t>(hc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), r.data_ptr<int64_t>(),
+                            s.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), wc.size(0), wc.size(1));
+  });
+  return out;
+}
+
+at::Tensor edge_product_forward(const at::Tensor& a, const at::Tensor& b, const at::Tensor& left,
+                                const at::Tensor& right) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1) &&
+                  left.size(0) == right.size(0),
+              "edge_product: a, b [N,K], left/right [E] expected");
+  if (!fused_ok(a, b)) return a.index_select(0, left) * b.index_select(0, right);
+  const at::Tensor ac = a.contiguous(), bc = b.contiguous();
+  const at::Tensor l = left.contiguous(), r = right.contiguous();
+  check_indices(l, a.size(0), "edge_product left");
+  check_indices(r, b.size(0), "edge_product right");
+  at::Tensor out = at::empty({l.size(0), ac.size(1)}, ac.options());
+  AT_DISPATCH_FLOATING_TYPES(ac.scalar_type(), "edge_product", [&] {
+    edge_product_kernel<scalar_t>(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
+                                  l.data_ptr<int64_t>(), r.data_ptr<int64_t>(),
+                                  out.data_ptr<scalar_t>(), l.size(0), ac.size(1));
+  });
+  return out;
+}
+
+struct EdgeProduct;
+
+struct Cfconv : public Function<Cfconv> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& W,
+                            const at::Tensor& recv, const at::Tensor& send) {
+    ctx->save_for_backward({h, W, recv, send});
+    return cfconv_forward(h, W, recv, send);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads);
+};
+
+struct EdgeProduct : public Function<EdgeProduct> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
+                            const at::Tensor& left, const at::Tensor& right) {
+    ctx->save_for_backward({a, b, left, right});
+    return edge_product_forward(a, b, left, right);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor& g = grads[0];
+    at::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) ga = Cfconv::apply(s[1], g, s[2], s[3]);
+    if (ctx->needs_input_grad(1)) gb = Cfconv::apply(s[0], g, s[3], s[2]);
+    return {ga, gb, at::Tensor(), at::Tensor()};
+  }
+};
+
+variable_list Cfconv::backward(AutogradContext* ctx, variable_list grads) {
+  const auto s = ctx->get_saved_variables();
+  const at::Tensor& g = grads[0];
+  at::Tensor gh, gW;
+  if (ctx->needs_input_grad(0)) gh = Cfconv::apply(g, s[1], s[3], s[2]);
+  if (ctx->needs_input_grad(1)) gW = EdgeProduct::apply(g, s[0], s[2], s[3]);
+  return {gh, gW, at::Tensor(), at::Tensor()};
+}
+
+}  // namespace
+
+at::Tensor cfconv(const at::Tensor& h, const at::Tensor& W, const at::Tensor& receiver,
+                  const at::Tensor& sender) {
+  const auto dtype = at::result_type(h, W);
+  return Cfconv::apply(h.to(dtype), W.to(dtype), receiver, sender);
+}
+
+at::Tensor edge_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& left,
+                        const at::Tensor& right) {
+  const auto dtype = at::result_type(a, b);
+  return EdgeProduct::apply(a.to(dtype), b.to(dtype), left, right);
+}
+
+}  // namespace crucible
