@@ -5,6 +5,9 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <unordered_map>
+#include <vector>
+
 namespace crucible {
 namespace {
 
@@ -134,6 +137,50 @@ at::Tensor edge_product(const at::Tensor& a, const at::Tensor& b, const at::Tens
                         const at::Tensor& right) {
   const auto dtype = at::result_type(a, b);
   return EdgeProduct::apply(a.to(dtype), b.to(dtype), left, right);
+}
+
+std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_index,
+                                                     const at::Tensor& shifts) {
+  TORCH_CHECK(edge_index.dim() == 2 && edge_index.size(0) == 2 && shifts.dim() == 2 &&
+                  shifts.size(1) == 3 && shifts.size(0) == edge_index.size(1),
+              "reverse_edge_pairs: edge_index [2,E] and shifts [E,3] expected");
+  const at::Tensor ei = edge_index.to(at::kCPU, at::kLong).contiguous();
+  const at::Tensor sh = shifts.to(at::kCPU, at::kDouble).round().to(at::kLong).contiguous();
+  const int64_t E = ei.size(1);
+  const int64_t* src = ei.data_ptr<int64_t>();
+  const int64_t* dst = src + E;
+  const int64_t* s = sh.data_ptr<int64_t>();
+  struct Key {
+    int64_t a, b, x, y, z;
+    bool operator==(const Key& o) const {
+      return a == o.a && b == o.b && x == o.x && y == o.y && z == o.z;
+    }
+  };
+  struct Hash {
+    size_t operator()(const Key& k) const {
+      uint64_t h = 1469598103934665603ull;
+      for (int64_t v : {k.a, k.b, k.x, k.y, k.z}) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+      return static_cast<size_t>(h);
+    }
+  };
+  std::unordered_map<Key, int64_t, Hash> index;
+  index.reserve(static_cast<size_t>(E));
+  at::Tensor edge_pair = at::empty({E}, at::kLong);
+  int64_t* ep = edge_pair.data_ptr<int64_t>();
+  std::vector<int64_t> rep;
+  rep.reserve(static_cast<size_t>(E / 2 + 1));
+  for (int64_t e = 0; e < E; ++e) {
+    Key k{src[e], dst[e], s[3 * e], s[3 * e + 1], s[3 * e + 2]};
+    // Canonical orientation: i < j, or i == j with the shift's first nonzero entry > 0.
+    const bool flip = k.a > k.b ||
+                      (k.a == k.b && (k.x < 0 || (k.x == 0 && (k.y < 0 || (k.y == 0 && k.z < 0)))));
+    if (flip) k = Key{k.b, k.a, -k.x, -k.y, -k.z};
+    auto [it, inserted] = index.emplace(k, static_cast<int64_t>(rep.size()));
+    if (inserted) rep.push_back(e);
+    ep[e] = it->second;
+  }
+  at::Tensor representative = at::tensor(rep, at::kLong);
+  return {edge_pair.to(edge_index.device()), representative.to(edge_index.device())};
 }
 
 }  // namespace crucible

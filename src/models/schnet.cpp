@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <tuple>
 #include <stdexcept>
 #include <string>
 
@@ -85,12 +86,22 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   const at::Tensor i = batch.edge_index.select(0, 0);
   const at::Tensor j = batch.edge_index.select(0, 1);
   at::Tensor rbf, fc;
+  at::Tensor edge_pair, pair_rep;  // fast path: [E] pair of each edge, [P] one edge per pair
   {
     // Force-safe geometry (issue 3, deliverable 4): autocast off, so edge
     // vectors, distances, the Gaussian basis and the cutoff keep `geom`.
     AutocastDisabledGuard no_autocast;
     const at::Tensor vec = edge_vectors(batch);                  // [E,3]
-    const at::Tensor d = vec.pow(2).sum(-1).sqrt();              // [E]
+    at::Tensor d = vec.pow(2).sum(-1).sqrt();                    // [E]
+    if (!ref) {
+      // Fast path: the filter depends on the distance only, which an edge
+      // shares with its reverse; compute it once per pair (P ≈ E/2 rows).
+      const at::Tensor shifts = batch.shifts.defined()
+                                    ? batch.shifts
+                                    : at::zeros({batch.num_edges(), 3}, at::kLong);
+      std::tie(edge_pair, pair_rep) = reverse_edge_pairs(batch.edge_index, shifts);
+      d = d.index_select(0, pair_rep);                           // [P]
+    }
     // Gaussian expansion g_k(d) = exp(-γ (d - μ_k)²): [E,G].
     rbf = at::exp(-gamma * (d.unsqueeze(-1) - offsets_.to(geom)).pow(2));
     // Cosine cutoff f_c(d) = ½(cos(πd/r_c) + 1) for d < r_c, else 0 (Behler 2011): [E].
@@ -107,8 +118,9 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     auto f2out = f2out_->ptr<torch::nn::LinearImpl>(t);
     auto dense = dense_->ptr<torch::nn::LinearImpl>(t);
     // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
-    const at::Tensor W =
+    at::Tensor W =
         filter2->forward(ssp(filter1->forward(rbf_in), ref)) * fc.unsqueeze(-1).to(layer);
+    if (!ref) W = W.index_select(0, edge_pair);               // pairs → edges, [E,K]
     const at::Tensor h = in2f->forward(x);                    // [N,K]
     at::Tensor v;                                             // Σ_j h_j ⊙ W_ij, [N,K]
     if (ref) {

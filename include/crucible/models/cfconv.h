@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+
 namespace crucible {
 
 /// v_n = Σ_{e : receiver[e] = n} h[sender[e]] ⊙ W[e]: h [N,K], W [E,K],
@@ -22,5 +24,15 @@ at::Tensor cfconv(const at::Tensor& h, const at::Tensor& W, const at::Tensor& re
 /// @throws c10::Error as cfconv.
 at::Tensor edge_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& left,
                         const at::Tensor& right);
+
+/// Pairs of a neighbor list's edges that are each other's reverse:
+/// (i, j, S) and (j, i, -S) have the same distance, so a distance-only
+/// filter needs computing once per pair. edge_index [2,E] int64, shifts
+/// [E,3] (integer-valued, any dtype), any device. Returns (edge_pair [E]:
+/// the pair of each edge, representative [P]: one edge of each pair), int64
+/// on the input's device; an edge without its reverse is a pair alone.
+/// Computed on the CPU with a hash map, O(E). @throws c10::Error on bad shapes.
+std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_index,
+                                                     const at::Tensor& shifts);
 
 }  // namespace crucible
