@@ -78,6 +78,21 @@ TEST(FastPath, CfconvAndEdgeProductMatchCompositeOpsToSecondOrder) {
   }
 }
 
+TEST(FastPath, ReverseEdgePairsPairEachEdgeWithItsReverse) {
+  // 0→1 (S=0) and 1→0 (S=0); 0→0 with S=(1,0,0) and S=(-1,0,0); 2→1 alone.
+  const at::Tensor ei = at::tensor({0, 1, 0, 0, 2, 1, 0, 0, 0, 1}, at::kLong).view({2, 5});
+  const at::Tensor sh =
+      at::tensor({0, 0, 0, 0, 0, 0, 1, 0, 0, -1, 0, 0, 0, 0, 0}, at::kDouble).view({5, 3});
+  auto [edge_pair, rep] = reverse_edge_pairs(ei, sh);
+  EXPECT_EQ(rep.size(0), 3);
+  EXPECT_EQ(edge_pair[0].item<int64_t>(), edge_pair[1].item<int64_t>());
+  EXPECT_EQ(edge_pair[2].item<int64_t>(), edge_pair[3].item<int64_t>());
+  EXPECT_NE(edge_pair[0].item<int64_t>(), edge_pair[2].item<int64_t>());
+  EXPECT_NE(edge_pair[4].item<int64_t>(), edge_pair[0].item<int64_t>());
+  EXPECT_NE(edge_pair[4].item<int64_t>(), edge_pair[2].item<int64_t>());
+  for (int64_t p = 0; p < 3; ++p) EXPECT_EQ(edge_pair[rep[p].item<int64_t>()].item<int64_t>(), p);
+}
+
 TEST(FastPath, SchNetFastPathEqualsReferencePathToFloat64Precision) {
   SchNetOptions o;
   o.hidden_channels = 16;
