@@ -98,7 +98,10 @@ def main():
     print(f"neighbor list, {nl_atoms}-atom cells, 5 Å: ours {ours_nl:.3f} ms, ASE {nl_ase_ms:.2f} ms "
           f"per structure ({nl_ase_ms / ours_nl:.0f}x)")
     print(f"hook dispatch: {float(hooks['ns_per_stage_dispatch']):.0f} ns per stage with 10 hooks "
-          f"({float(hooks['ns_per_hook_call']):.0f} ns per hook call, {hooks['stages_per_batch']} stages per batch)")
+          f"({float(hooks['ns_per_stage_no_hooks']):.0f} ns with none, "
+          f"{float(hooks['ns_per_hook_call']):.0f} ns per hook call)")
+    print(f"memory over 10000 training steps (small model, 10 hooks): resident {int(hooks['rss_kib_step_1000'])} KiB "
+          f"after step 1000, {int(hooks['rss_kib_step_10000'])} KiB after step 10000")
     print()
     print("time per atom against size (fcc Cu, 5 Å, float32 SchNet energy + forces):")
     print(f"  {'atoms':>6} {'edges':>9} {'neighbor list µs/atom':>22} {'model µs/atom':>14}")

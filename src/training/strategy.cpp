@@ -409,6 +409,11 @@ void TrainingStrategy::agree_on_stop_request() {
   reduced_stop_.reset();
 }
 
+void TrainingStrategy::dispatch_stage(TrainingStage stage) {
+  TrainContext ctx = make_context(nullptr);
+  run_hooks(stage, ctx);
+}
+
 TrainContext TrainingStrategy::make_context(const Batch* batch) {
   TrainContext ctx;
   ctx.strategy = this;

@@ -198,6 +198,11 @@ class TrainingStrategy {
   /// True if the last run() ended through request_stop().
   bool stopped_early() const { return stopped_early_; }
 
+  /// Calls the hooks registered for `stage` once, with a context of the
+  /// current counters and no batch, exactly as run() dispatches a stage
+  /// (for tools and the hook-dispatch benchmark). Throws what a hook throws.
+  void dispatch_stage(TrainingStage stage);
+
   /// Trains on one batch (BEFORE_BATCH … AFTER_BATCH only); builds the
   /// optimizer on first use. Advances counters like `run`.
   void train_batch(const Batch& batch);
