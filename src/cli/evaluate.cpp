@@ -1,6 +1,7 @@
 // `crucible evaluate`: error metrics of a trained model on an extxyz file.
 
 #include "crucible/cli/commands.h"
+#include "crucible/cli/training_setup.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
@@ -52,15 +53,7 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
   const DataConfig& d = config.data;
 
   const std::string path = resolve_data_path(req.data_file, "--data");
-  ExtxyzOptions xo;
-  xo.energy_key = d.energy_key;
-  xo.forces_key = d.forces_key;
-  xo.stress_key = d.stress_key;
-  xo.virial_key = d.virial_key;
-  xo.energy_unit = d.energy_unit.factor;
-  xo.forces_unit = d.forces_unit.factor;
-  xo.stress_unit = d.stress_unit.factor;
-  std::vector<Structure> structures = read_extxyz(path, xo);
+  std::vector<Structure> structures = read_extxyz(path, extxyz_options(d));
   if (structures.empty()) {
     throw DataError(path + ": --data must contain at least one structure, got none");
   }

@@ -18,17 +18,6 @@ namespace crucible {
 
 namespace {
 
-ExtxyzOptions extxyz_options(const DataConfig& d) {
-  ExtxyzOptions o;
-  o.energy_key = d.energy_key;
-  o.forces_key = d.forces_key;
-  o.stress_key = d.stress_key;
-  o.virial_key = d.virial_key;
-  o.energy_unit = d.energy_unit.factor;
-  o.forces_unit = d.forces_unit.factor;
-  o.stress_unit = d.stress_unit.factor;
-  return o;
-}
 
 std::vector<Structure> read_file(const std::string& path, const DataConfig& d,
                                  const std::string& key) {
@@ -53,6 +42,18 @@ at::Device parse_device(const std::string& text) {
                       text + "'");
   }
   return device;
+}
+
+ExtxyzOptions extxyz_options(const DataConfig& d) {
+  ExtxyzOptions o;
+  o.energy_key = d.energy_key;
+  o.forces_key = d.forces_key;
+  o.stress_key = d.stress_key;
+  o.virial_key = d.virial_key;
+  o.energy_unit = d.energy_unit.factor;
+  o.forces_unit = d.forces_unit.factor;
+  o.stress_unit = d.stress_unit.factor;
+  return o;
 }
 
 LabelCounts count_labels(const std::vector<Structure>& s) {

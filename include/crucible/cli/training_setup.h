@@ -6,6 +6,7 @@
 
 #include "crucible/config/config.h"
 #include "crucible/data/dataset.h"
+#include "crucible/data/extxyz.h"
 #include "crucible/models/schnet.h"
 #include "crucible/training/checkpointing.h"
 #include "crucible/training/ema.h"
@@ -28,6 +29,10 @@ namespace crucible {
 struct LabelCounts {
   int64_t energy = 0, forces = 0, stress = 0, atoms = 0;
 };
+
+/// The extxyz reader settings of a `data` section (label keys and units).
+/// Never throws.
+ExtxyzOptions extxyz_options(const DataConfig& data);
 
 /// training.device text to a device: "cpu", "cuda", "cuda:N".
 /// @throws ConfigError for other text, or CUDA on a build without it.
