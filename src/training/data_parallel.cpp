@@ -59,16 +59,7 @@ void DataParallelHook::average_gradients(TrainContext& ctx) {
   const int world = communicator_->size();
   if (world == 1) return;
   // Parameters in a fixed order, each once.
-  std::vector<at::Tensor> params;
-  std::set<const void*> seen;
-  for (auto* opt : ctx.optimizers) {
-    if (!opt) continue;
-    for (const auto& group : opt->param_groups()) {
-      for (const auto& p : group.params()) {
-        if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
-      }
-    }
-  }
+  std::vector<at::Tensor> params = optimizer_parameters(ctx);
   const int64_t cap_bytes = std::max<int64_t>(
       1, static_cast<int64_t>(options_.bucket_cap_mb * 1024.0 * 1024.0));
   auto reduce_dtype = [](const at::Tensor& p) {

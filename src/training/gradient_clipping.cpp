@@ -23,16 +23,8 @@ std::string fmt(double v) {
 /// The defined gradients of every optimizer's parameters, each parameter once.
 std::vector<at::Tensor> collect_grads(const TrainContext& ctx) {
   std::vector<at::Tensor> grads;
-  std::set<const void*> seen;
-  for (auto* opt : ctx.optimizers) {
-    if (!opt) continue;
-    for (const auto& group : opt->param_groups()) {
-      for (const auto& p : group.params()) {
-        if (!p.defined() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-        const auto& g = p.grad();
-        if (g.defined()) grads.push_back(g);
-      }
-    }
+  for (const auto& p : optimizer_parameters(ctx)) {
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
   return grads;
 }

@@ -28,19 +28,12 @@ double median_of(std::vector<double> v) {
 /// Total 2-norm of the defined gradients of all optimizers' parameters
 /// (each parameter once), in float64.
 double grad_norm(const TrainContext& ctx) {
-  std::set<const void*> seen;
   double sq = 0.0;
-  for (auto* opt : ctx.optimizers) {
-    if (!opt) continue;
-    for (const auto& group : opt->param_groups()) {
-      for (const auto& p : group.params()) {
-        if (!p.defined() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-        const auto& g = p.grad();
-        if (!g.defined() || g.numel() == 0) continue;
-        const double n = g.detach().to(at::kDouble).norm().item<double>();
-        sq += n * n;
-      }
-    }
+  for (const auto& p : optimizer_parameters(ctx)) {
+    const auto& g = p.grad();
+    if (!g.defined() || g.numel() == 0) continue;
+    const double n = g.detach().to(at::kDouble).norm().item<double>();
+    sq += n * n;
   }
   return std::sqrt(sq);
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "crucible/common/error.h"
@@ -301,6 +302,20 @@ std::vector<std::shared_ptr<Hook>> order_update_orchestrator_before_dependent_ho
   if (dependent == orch) return out;
   std::rotate(dependent, orch, orch + 1);
   return out;
+}
+
+std::vector<at::Tensor> optimizer_parameters(const TrainContext& ctx) {
+  std::vector<at::Tensor> params;
+  std::set<const void*> seen;
+  for (auto* opt : ctx.optimizers) {
+    if (!opt) continue;
+    for (const auto& group : opt->param_groups()) {
+      for (const auto& p : group.params()) {
+        if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+      }
+    }
+  }
+  return params;
 }
 
 }  // namespace crucible

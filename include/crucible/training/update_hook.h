@@ -70,6 +70,12 @@ struct OptimizerStepReport {
   bool any_skipped() const;
 };
 
+/// The parameters of every optimizer in `ctx.optimizers` (null entries
+/// skipped), each once, in optimizer / param-group order; defined tensors
+/// only. What gradient clipping, spike skipping and gradient averaging
+/// iterate over. Never throws.
+std::vector<at::Tensor> optimizer_parameters(const TrainContext& ctx);
+
 /// Base class of hooks that customise the training update (seed 001).
 ///
 /// Subclasses override the three-argument `operator()` and dispatch on
