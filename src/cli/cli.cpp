@@ -224,11 +224,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (spec_validate->parsed()) {
-    std::ifstream in(spec_file, std::ios::binary);
-    if (!in) throw ConfigError("spec file '" + spec_file + "' cannot be opened (does it exist?)");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    (void)config_from_spec_json(ss.str(), spec_file);
+    (void)config_from_spec_json(read_config_text(spec_file, "spec file"), spec_file);
     std::cout << spec_file << ": valid spec\n";
     return 0;
   }
@@ -265,6 +261,9 @@ int run_cli(int argc, char** argv) {
   } catch (const DistributedError& e) {
     std::cerr << kPrefix << e.what() << "\n";
     return 1;
+  } catch (const TrainingError& e) {
+    std::cerr << kPrefix << e.what() << "\n";
+    return 3;
   } catch (const YAML::Exception& e) {
     // Normally translated by the config loader; this is the safety net.
     std::cerr << kPrefix << "invalid YAML at line " << e.mark.line + 1 << ": " << e.msg << "\n";

@@ -2,6 +2,7 @@
 
 #include "crucible/cli/model_io.h"
 
+#include "crucible/checkpoint/tensor_archive.h"
 #include "crucible/common/error.h"
 #include "crucible/data/extxyz.h"
 
@@ -182,6 +183,7 @@ LoadedModel load_model(const std::string& run_dir) {
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& p : out.model->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
   for (const auto& b : out.model->named_buffers()) shapes[b.key()] = b.value().sizes().vec();
+  checkpoint::require_data_only_archive_file(pt.string());  // nothing in it runs
   try {
     torch::load(out.model, pt.string());
   } catch (const c10::Error& e) {

@@ -24,8 +24,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <cstdlib>
 #include <cmath>
 #include <ctime>
@@ -78,16 +84,52 @@ fs::path choose_run_dir(const OutputConfig& o) {
   return p;
 }
 
+// Writes and removes a 1 MiB file in `dir` (with fsync): an unwritable,
+// read-only or full run directory is found before anything is trained or
+// removed. @throws DataError naming the directory and the system's reason.
+void probe_writable(const fs::path& dir) {
+  const fs::path probe = dir / (".crucible-write-probe-" + std::to_string(::getpid()));
+  auto fail = [&](const std::string& why) {
+    ::unlink(probe.c_str());
+    throw DataError(dir.string() + ": run directory must be writable with free space, got " + why +
+                    " (a 1 MiB probe write failed before training; nothing of the run was changed)");
+  };
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) fail(std::strerror(errno));
+  std::vector<char> zeros(1 << 16, 0);
+  for (int i = 0; i < 16; ++i) {
+    size_t done = 0;
+    while (done < zeros.size()) {
+      const ssize_t n = ::write(fd, zeros.data() + done, zeros.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int e = n < 0 ? errno : ENOSPC;
+        ::close(fd);
+        fail(std::strerror(e));
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    fail(std::strerror(e));
+  }
+  if (::close(fd) != 0) fail(std::strerror(errno));
+  ::unlink(probe.c_str());
+}
+
 void prepare_run_dir(const fs::path& p) {
   std::error_code ec;
+  fs::create_directories(p, ec);
+  if (ec) throw DataError(p.string() + ": run directory cannot be created (" + ec.message() + ")");
+  probe_writable(p);
   // summary.json first: from now on the directory must not look finished.
   for (const char* f : {"summary.json", "model.pt", "model.json", "metrics.csv", "metrics.jsonl",
                         "learning_curve.svg", "config.yaml"}) {
     fs::remove(p / f, ec);
     if (ec) throw DataError((p / f).string() + ": cannot remove old file (" + ec.message() + ")");
   }
-  fs::create_directories(p, ec);
-  if (ec) throw DataError(p.string() + ": run directory cannot be created (" + ec.message() + ")");
 }
 
 void write_file_atomically(const fs::path& path, const std::string& text) {
@@ -332,6 +374,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
 
   // ---- run directory: config first, summary last.
   if (resume.resume) {
+    if (writer) probe_writable(run_dir);
     store = std::make_shared<checkpoint::CheckpointStore>(run_dir / "checkpoints", retention);
     ckpt_hook = std::make_shared<CheckpointHook>(store, ckpt_options);
     strategy.register_hook(ckpt_hook);
@@ -372,6 +415,18 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
           if (ctx.batch_count == n) std::raise(SIGTERM);
         }));
   }
+  // ... a full disk from batch N on: writes of more than 4 KiB fail (EFBIG).
+  if (const char* at = std::getenv("CRUCIBLE_FAULT_FILE_SIZE_LIMIT_AT_BATCH")) {
+    const int64_t n = std::atoll(at);
+    strategy.register_hook(std::make_shared<LambdaHook>(
+        "fault injection", std::set<TrainingStage>{TrainingStage::AFTER_BATCH},
+        [n](TrainContext& ctx, TrainingStage) {
+          if (ctx.batch_count != n) return;
+          struct rlimit lim {};
+          lim.rlim_cur = lim.rlim_max = 4096;
+          ::setrlimit(RLIMIT_FSIZE, &lim);
+        }));
+  }
   // ... and a worker that dies (SIGKILL) after batch N: "RANK:N".
   if (const char* spec = std::getenv("CRUCIBLE_FAULT_KILL_AT_BATCH")) {
     const std::string text(spec);
@@ -387,6 +442,18 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
     }
   }
   strategy.run(loader);
+  if (strategy.stopped_early() && !strategy.stop_reason().empty()) {
+    // NonFiniteLossGuard: the step was not applied; the stop checkpoint holds
+    // the last good state.
+    throw TrainingError(fmt::format(
+        "training stopped: {}. The optimizer step was not applied: the weights are those after "
+        "step {}{}. Lower training.optimizer.lr, check the data, or set "
+        "training.spike_skipping.enabled=true to skip such steps; resume with: crucible train "
+        "--resume {}",
+        strategy.stop_reason(), strategy.step_count,
+        writer ? ", checkpointed in " + (run_dir / "checkpoints").string() : std::string(),
+        run_dir.string()));
+  }
   if (strategy.stopped_early()) {  // a signal here or on another worker
     out << fmt::format("stopped by a signal after step {} (epoch {}); checkpoint written to {}\n"
                        "resume with: crucible train --resume {}\n",

@@ -229,6 +229,7 @@ TrainingSetup build_training(const Config& input_config,
   if (tc.precision) sopt.precision = *tc.precision;  // mixed modes: MixedPrecisionHook
   // num_epochs counts batches; with accumulation an optimizer step takes n of them.
   sopt.epoch_step_modifier = 1.0 / static_cast<double>(tc.gradient_accumulation_steps);
+  sopt.max_batches_without_step = tc.max_batches_without_step;
   ValidationConfig vc;
   vc.data = valid_ds;
   vc.every_n_epochs = tc.validate_every_n_epochs;

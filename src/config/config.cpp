@@ -587,6 +587,12 @@ std::vector<Key> build_schema() {
   add("training.device", Kind::kString, "",
       "Device to train on: cpu, cuda or cuda:N (needs a CUDA build of LibTorch).",
       [](Config& c) -> void* { return &c.training.device; });
+  min_incl(add("training.max_batches_without_step", Kind::kInt, "",
+               "Stop the run (exit code 3, with a checkpoint) once this many batches in a row end "
+               "without an optimizer step, e.g. when spike skipping vetoes every step of a diverged "
+               "model; 0 = never.",
+               [](Config& c) -> void* { return &c.training.max_batches_without_step; }),
+           0.0);
   min_incl(add("training.num_threads", Kind::kInt, "",
                "CPU threads of LibTorch's intra-op pool; 0 = leave LibTorch's default.",
                [](Config& c) -> void* { return &c.training.num_threads; }),
@@ -690,6 +696,24 @@ struct Source {
   }
 };
 
+// A user's text for a message: at most 80 bytes, anything but printable
+// ASCII as \xNN.
+std::string printable(const std::string& v) {
+  std::string out;
+  for (size_t i = 0; i < std::min<size_t>(v.size(), 77); ++i) {
+    const auto c = static_cast<unsigned char>(v[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    }
+  }
+  if (v.size() > 77) out += "...";
+  return out;
+}
+
 std::string describe(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Null:
@@ -699,7 +723,7 @@ std::string describe(const YAML::Node& node) {
     case YAML::NodeType::Map:
       return "a mapping";
     case YAML::NodeType::Scalar:
-      return (node.Tag() == "!" ? "the string '" : "'") + node.Scalar() + "'";
+      return (node.Tag() == "!" ? "the string '" : "'") + printable(node.Scalar()) + "'";
     default:
       return "an undefined value";
   }
@@ -861,7 +885,11 @@ void set_value(Config& config, const Key& key, const YAML::Node& node, const Sou
       if (!node.IsScalar()) {
         type_error(key, key.kind == Kind::kOptString ? "a string or null" : "a string", node, src);
       }
-      const std::string v = node.Scalar();
+      const std::string& v = node.Scalar();
+      if (v.size() > kMaxConfigStringLength) {
+        fail(key.path + " must be at most " + std::to_string(kMaxConfigStringLength) +
+             " characters, got " + std::to_string(v.size()));
+      }
       if (auto e = check_choice(key, v); !e.empty()) fail(e);
       if (key.kind == Kind::kString) {
         as<std::string>(p) = v;
@@ -923,6 +951,10 @@ void set_value(Config& config, const Key& key, const YAML::Node& node, const Sou
       for (const auto& kv : node) {
         if (!kv.first.IsScalar()) type_error(key, expected, node, src);
         const std::string name = kv.first.Scalar();
+        if (name.size() > kMaxConfigStringLength) {
+          throw ConfigError(key.path + " names must be at most " + std::to_string(kMaxConfigStringLength) +
+                            " characters, got " + std::to_string(name.size()) + src.where(kv.first));
+        }
         const std::string entry = key.path + "." + name;
         if (!is_plain_scalar(kv.second)) {
           throw ConfigError(entry + " must be a number >= 0, got " + describe(kv.second) +
@@ -967,12 +999,14 @@ void apply_mapping(Config& config, const YAML::Node& node, const std::string& se
       apply_mapping(config, kv.second, path, src, layer);
     } else {
       const auto known = children(section);
-      std::string msg = "unknown config key '" + path + "'" + src.where(k) +
+      const std::string shown = printable(path);
+      std::string msg = "unknown config key '" + shown + "'" + src.where(k) +
                         "; known keys: " + join(known, ", ");
       std::string best;
       size_t best_d = 4;
       for (const auto& c : known) {
         const std::string leaf = c.substr(c.rfind('.') + 1);
+        if (k.Scalar().size() > 64) break;  // no suggestion for a long key (edit distance is quadratic)
         const size_t d = edit_distance(ascii_lower(k.Scalar()), ascii_lower(leaf));
         if (d < best_d) {
           best_d = d;
@@ -1098,7 +1132,52 @@ std::vector<std::pair<std::string, std::string>> config_sections() {
   };
 }
 
+namespace {
+
+/// Flow collections ([...], {...}) nested deeper than kMaxSpecDepth are
+/// refused before yaml-cpp parses them recursively. Quotes and comments are
+/// skipped roughly (a quote inside a plain scalar may end the scan early,
+/// which only makes the check looser; yaml-cpp's own guard stays behind it).
+void check_flow_nesting(const std::string& text, const std::string& source) {
+  int depth = 0;
+  int64_t line = 1;
+  char quote_char = 0;
+  bool comment = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      comment = false;
+      continue;
+    }
+    if (comment) continue;
+    if (quote_char) {
+      if (c == quote_char) quote_char = 0;
+      continue;
+    }
+    if (c == '"' || c == '\'') {
+      quote_char = c;
+    } else if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t')) {
+      comment = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxSpecDepth) {
+        throw ConfigError(source + ":" + std::to_string(line) + ": config must nest at most " +
+                          std::to_string(kMaxSpecDepth) + " levels of [ ] and { }, got deeper");
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
+}  // namespace
+
 void apply_config_yaml(Config& config, const std::string& yaml_text, const std::string& source) {
+  if (yaml_text.size() > kMaxConfigBytes) {
+    throw ConfigError(source + ": config must be at most " + std::to_string(kMaxConfigBytes) +
+                      " bytes, got " + std::to_string(yaml_text.size()));
+  }
+  check_flow_nesting(yaml_text, source);
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -1118,13 +1197,24 @@ void apply_config_yaml(Config& config, const std::string& yaml_text, const std::
   config = std::move(updated);
 }
 
-Config load_config_file(const std::string& path) {
+std::string read_config_text(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("config file '" + path + "' cannot be opened (does it exist?)");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  if (!in) throw ConfigError(what + " '" + path + "' cannot be opened (does it exist?)");
+  // Read at most one byte past the limit: a huge file is never loaded whole.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    throw ConfigError(what + " '" + path + "' must be at most " + std::to_string(kMaxConfigBytes) +
+                      " bytes, got more");
+  }
+  if (in.bad()) throw ConfigError(what + " '" + path + "' cannot be read (I/O error)");
+  return text;
+}
+
+Config load_config_file(const std::string& path) {
   Config config = default_config();
-  apply_config_yaml(config, ss.str(), path);
+  apply_config_yaml(config, read_config_text(path, "config file"), path);
   return config;
 }
 
@@ -1626,9 +1716,20 @@ std::string config_to_spec_json(const Config& config) {
 }
 
 Config config_from_spec_json(const std::string& text, const std::string& source) {
+  if (text.size() > kMaxConfigBytes) {
+    throw ConfigError(source + ": spec must be at most " + std::to_string(kMaxConfigBytes) +
+                      " bytes, got " + std::to_string(text.size()));
+  }
   nlohmann::json root;
   try {
-    root = nlohmann::json::parse(text);
+    // The callback sees every value with its depth: too deep stops the parse.
+    root = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > kMaxSpecDepth) {
+        throw ConfigError(source + ": spec must nest at most " + std::to_string(kMaxSpecDepth) +
+                          " levels of arrays and objects, got deeper");
+      }
+      return true;
+    });
   } catch (const nlohmann::json::parse_error& e) {
     throw ConfigError(source + ": spec must be valid JSON, got a syntax error (" + e.what() + ")");
   }

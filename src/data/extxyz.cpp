@@ -20,6 +20,8 @@
 #include <string_view>
 #include <utility>
 
+#include <sys/stat.h>
+
 namespace crucible {
 namespace {
 
@@ -117,16 +119,23 @@ std::vector<std::string_view> split_list(std::string_view s) {
   return out;
 }
 
-// Shortens a value for an error message.
+// Shortens a value for an error message; bytes that are not printable ASCII
+// are shown as \xNN (binary garbage must not reach the terminal raw).
 std::string quote_for_message(std::string_view s) {
   constexpr size_t kMax = 80;
   std::string out = "'";
-  if (s.size() > kMax) {
-    out.append(s.substr(0, kMax));
-    out += "...";
-  } else {
-    out.append(s);
+  for (size_t i = 0; i < std::min(s.size(), kMax); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
   }
+  if (s.size() > kMax) out += "...";
   out += "'";
   return out;
 }
@@ -148,18 +157,40 @@ std::string lower_ascii(std::string_view s) {
 
 class LineReader {
  public:
+  /// Reads the file at `path`.
   explicit LineReader(const std::string& path) : path_(path) {
     file_ = std::fopen(path.c_str(), "rb");
     if (file_ == nullptr) {
       throw DataError(path + ": file must be readable, got " + std::strerror(errno));
     }
+    struct stat st {};
+    if (::fstat(::fileno(file_), &st) == 0 && S_ISREG(st.st_mode)) {
+      size_ = static_cast<uint64_t>(st.st_size);
+    } else {
+      size_ = UINT64_MAX;  // a pipe or device: its size is unknown
+    }
     buffer_.resize(kChunk);
+  }
+  /// Reads `text` (kept alive by the caller); `name` is used in messages.
+  LineReader(std::string_view text, const std::string& name) : path_(name), memory_(true) {
+    buffer_.assign(text.begin(), text.end());
+    end_ = buffer_.size();
+    size_ = read_ = text.size();
+    eof_ = true;
   }
   ~LineReader() {
     if (file_ != nullptr) std::fclose(file_);
   }
   LineReader(const LineReader&) = delete;
   LineReader& operator=(const LineReader&) = delete;
+
+  /// Bytes of the input after the lines returned so far (an upper bound:
+  /// UINT64_MAX when the input is not a regular file).
+  uint64_t bytes_left() const {
+    if (size_ == UINT64_MAX) return UINT64_MAX;
+    const uint64_t consumed = read_ - (end_ - begin_);
+    return consumed >= size_ ? 0 : size_ - consumed;
+  }
 
   /// Next line, or false at end of file. line_number() is then its 1-based number.
   bool next(std::string_view& line) {
@@ -200,7 +231,7 @@ class LineReader {
       end_ = rest;
     }
     if (buffer_.size() - end_ < kChunk / 2) buffer_.resize(buffer_.size() * 2);
-    const size_t got = std::fread(buffer_.data() + end_, 1, buffer_.size() - end_, file_);
+    const size_t got = memory_ ? 0 : std::fread(buffer_.data() + end_, 1, buffer_.size() - end_, file_);
     if (got == 0) {
       if (std::ferror(file_)) {
         throw DataError(path_ + ":" + std::to_string(line_number_ + 1) +
@@ -209,10 +240,14 @@ class LineReader {
       eof_ = true;
     }
     end_ += got;
+    read_ += got;
   }
 
   std::string path_;
+  bool memory_ = false;
   std::FILE* file_ = nullptr;
+  uint64_t size_ = 0;   // bytes in the input
+  uint64_t read_ = 0;   // bytes read into the buffer so far (file input)
   std::vector<char> buffer_;
   size_t begin_ = 0;
   size_t end_ = 0;
@@ -289,6 +324,10 @@ std::vector<KeyValue> parse_comment(std::string_view line) {
 // ---------------------------------------------------------------------------
 // Properties=name:type:count:...
 
+// Most values one atom line may declare (Properties counts summed): far
+// above any real file, low enough that the per-column tables stay small.
+constexpr int64_t kMaxColumns = 65536;
+
 enum class ColumnKind : uint8_t { kSpecies, kZ, kPos, kForce, kReal, kInt, kOther };
 
 struct Column {
@@ -324,6 +363,7 @@ Layout parse_properties(const std::string& props, const ExtxyzOptions& options,
       i = j + 1;
     }
   }
+  int64_t declared = 0;  // values per atom line so far
   if (fields.size() % 3 != 0) {
     fail(path, line, "Properties must be name:type:count triples, got " + quote_for_message(props));
   }
@@ -339,6 +379,12 @@ Layout parse_properties(const std::string& props, const ExtxyzOptions& options,
       fail(path, line, "Properties count of column " + col.name + " must be a positive integer, got " +
                            quote_for_message(fields[i + 2]));
     }
+    if (col.count > kMaxColumns - declared) {
+      fail(path, line, "Properties must declare at most " + std::to_string(kMaxColumns) +
+                           " values per atom line, got more at column " + col.name + " (count " +
+                           std::to_string(col.count) + ")");
+    }
+    declared += col.count;
     layout.columns.push_back(col);
   }
 
@@ -404,6 +450,14 @@ Layout parse_properties(const std::string& props, const ExtxyzOptions& options,
   return layout;
 }
 
+// Name of the Properties column that token `t` of an atom line belongs to.
+const std::string& column_name(const Layout& layout, size_t t) {
+  size_t c = 0;
+  int64_t first = 0;
+  while (first + layout.columns[c].count <= static_cast<int64_t>(t)) first += layout.columns[c++].count;
+  return layout.columns[c].name;
+}
+
 // ---------------------------------------------------------------------------
 // Header values.
 
@@ -424,7 +478,17 @@ double parse_scalar(const KeyValue& kv, const std::string& path, int64_t line) {
   if (!kv.has_value || !parse_double(trim(kv.value), v)) {
     fail(path, line, kv.key + " must be a number, got " + quote_for_message(kv.has_value ? kv.value : "(no value)"));
   }
+  if (!std::isfinite(v)) fail(path, line, kv.key + " must be a finite number, got " + quote_for_message(kv.value));
   return v;
+}
+
+// Header numbers that must all be finite (Lattice, stress, virial).
+void require_finite(const KeyValue& kv, const std::vector<double>& v, const std::string& path, int64_t line) {
+  for (double x : v) {
+    if (!std::isfinite(x)) {
+      fail(path, line, kv.key + " must be finite numbers, got " + quote_for_message(kv.value));
+    }
+  }
 }
 
 bool parse_bool_token(std::string_view t, bool& out) {
@@ -455,6 +519,7 @@ std::array<bool, 3> parse_pbc(const KeyValue& kv, const std::string& path, int64
 // 6 Voigt (xx yy zz yz xz xy) or 9 row-major values -> 3x3 row-major.
 std::array<double, 9> to_3x3(const KeyValue& kv, const std::string& path, int64_t line) {
   const auto v = parse_numbers(kv, path, line);
+  require_finite(kv, v, path, line);
   if (v.size() == 9) {
     std::array<double, 9> m{};
     for (size_t i = 0; i < 9; ++i) m[i] = v[i];
@@ -545,8 +610,9 @@ const std::string& chemical_symbol(int64_t z) {
   return symbol_table()[static_cast<size_t>(z)];
 }
 
-std::vector<Structure> read_extxyz(const std::string& path, const ExtxyzOptions& options) {
-  LineReader reader(path);
+namespace {
+
+std::vector<Structure> read_frames(LineReader& reader, const std::string& path, const ExtxyzOptions& options) {
   std::vector<Structure> frames;
   std::string_view line;
   Layout layout;
@@ -619,6 +685,7 @@ std::vector<Structure> read_extxyz(const std::string& path, const ExtxyzOptions&
       if (v.size() != 9) {
         fail(path, comment_line, "Lattice must be 9 numbers, got " + std::to_string(v.size()));
       }
+      require_finite(*lattice, v, path, comment_line);
       for (size_t i = 0; i < 9; ++i) cell[i] = v[i];
     }
     s.cell = tensor_3x3(cell, 1.0);
@@ -648,6 +715,19 @@ std::vector<Structure> read_extxyz(const std::string& path, const ExtxyzOptions&
 
     if (layout.columns.empty() || properties != layout.properties) {
       layout = parse_properties(properties, options, path, comment_line);
+    }
+
+    // The atom count must fit in the bytes that are left: every atom line has
+    // `total` tokens of at least one character, each followed by a space or
+    // the newline. Checked before anything is sized from the count.
+    const uint64_t per_line = 2 * static_cast<uint64_t>(layout.total);
+    const uint64_t left = reader.bytes_left();
+    if (natoms > 0 && static_cast<uint64_t>(natoms) > (left == UINT64_MAX ? left : left + 1) / per_line) {
+      fail(path, count_line,
+           "frame must have " + std::to_string(natoms) + " atom lines after the comment line, got only " +
+               std::to_string(left) + " bytes before end of file, too few for them (" +
+               std::to_string(layout.total) + " columns need at least " + std::to_string(per_line) +
+               " bytes per line; truncated file or wrong atom count?)");
     }
 
     // Atom lines.
@@ -710,12 +790,12 @@ std::vector<Structure> read_extxyz(const std::string& path, const ExtxyzOptions&
           case ColumnKind::kReal: {
             double v = 0.0;
             if (!parse_double(tok, v)) {
-              // Name the Properties column this token belongs to.
-              size_t c = 0;
-              int64_t first = 0;
-              while (first + layout.columns[c].count <= static_cast<int64_t>(t)) first += layout.columns[c++].count;
-              fail(path, ln, "column " + std::to_string(t + 1) + " (" + layout.columns[c].name +
+              fail(path, ln, "column " + std::to_string(t + 1) + " (" + column_name(layout, t) +
                                  ") must be a number, got " + quote_for_message(tok));
+            }
+            if (layout.kinds[t] != ColumnKind::kReal && !std::isfinite(v)) {
+              fail(path, ln, "column " + std::to_string(t + 1) + " (" + column_name(layout, t) +
+                                 ") must be a finite number, got " + quote_for_message(tok));
             }
             if (layout.kinds[t] == ColumnKind::kPos) {
               pos_p[layout.component[t]] = v;
@@ -727,10 +807,7 @@ std::vector<Structure> read_extxyz(const std::string& path, const ExtxyzOptions&
           case ColumnKind::kInt: {
             int64_t v = 0;
             if (!parse_int(tok, v)) {
-              size_t c = 0;
-              int64_t first = 0;
-              while (first + layout.columns[c].count <= static_cast<int64_t>(t)) first += layout.columns[c++].count;
-              fail(path, ln, "column " + std::to_string(t + 1) + " (" + layout.columns[c].name +
+              fail(path, ln, "column " + std::to_string(t + 1) + " (" + column_name(layout, t) +
                                  ") must be an integer, got " + quote_for_message(tok));
             }
             break;
@@ -752,6 +829,19 @@ std::vector<Structure> read_extxyz(const std::string& path, const ExtxyzOptions&
     frames.push_back(std::move(s));
   }
   return frames;
+}
+
+}  // namespace
+
+std::vector<Structure> read_extxyz(const std::string& path, const ExtxyzOptions& options) {
+  LineReader reader(path);
+  return read_frames(reader, path, options);
+}
+
+std::vector<Structure> read_extxyz_text(std::string_view text, const std::string& name,
+                                        const ExtxyzOptions& options) {
+  LineReader reader(text, name);
+  return read_frames(reader, name, options);
 }
 
 void write_extxyz(const std::string& path, const std::vector<Structure>& structures) {

@@ -202,7 +202,23 @@ void CheckpointHook::on_boundary(TrainingStrategy& s, TrainingStrategy::Boundary
     // final validation may have stepped a metric scheduler): save again.
     if (!(due && b == B::kEnd)) return;
   }
-  written_.push_back(save_checkpoint(*store_, s, -1, options_.metric, options_.extra_files));
+  try {
+    written_.push_back(save_checkpoint(*store_, s, -1, options_.metric, options_.extra_files));
+  } catch (const std::exception& e) {
+    // The store writes a new folder and renames the manifest last: a failed
+    // write leaves every earlier checkpoint as it was.
+    std::string kept = "no earlier checkpoint";
+    try {
+      const auto entries = store_->list();
+      if (!entries.empty()) kept = "the newest, " + entries.back().dir + " (step " +
+                                   std::to_string(entries.back().counters.step_count) + "), is intact";
+    } catch (const std::exception&) {
+      kept = "the manifest cannot be read either";
+    }
+    throw TrainingError("checkpoint at step " + std::to_string(s.step_count) + " could not be written to " +
+                        store_->dir().string() + ": " + e.what() + "; earlier checkpoints are unchanged (" +
+                        kept + "). Free disk space, then resume from the run directory with --resume");
+  }
   last_saved_batch_ = s.batch_count;
 }
 

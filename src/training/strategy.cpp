@@ -3,6 +3,8 @@
 #include "crucible/common/error.h"
 #include "crucible/training/allocator.h"
 #include "crucible/training/data_parallel.h"
+#include "crucible/training/non_finite_loss.h"
+#include "crucible/training/spike_skipping.h"
 
 #include <torch/optim/optimizer.h>
 
@@ -396,6 +398,17 @@ void TrainingStrategy::ensure_data_parallel_hook() {
   register_hook(std::make_shared<DataParallelHook>(options_.communicator, o));
 }
 
+void TrainingStrategy::ensure_non_finite_loss_guard() {
+  if (!options_.stop_on_non_finite) return;
+  // A plain hook that owns a DO stage cannot share it with an orchestrator:
+  // it then owns what happens to non-finite losses too.
+  if (!update_orchestrator() && (has_do_backward_ || has_do_optimizer_step_)) return;
+  for (const auto& h : registered_hooks()) {
+    if (dynamic_cast<SpikeSkippingHook*>(h.get()) || dynamic_cast<NonFiniteLossGuard*>(h.get())) return;
+  }
+  register_hook(std::make_shared<NonFiniteLossGuard>());
+}
+
 void TrainingStrategy::agree_on_stop_request() {
   if (!options_.communicator || options_.communicator->size() <= 1) {
     stop_agreed_ = stop_requested_;
@@ -452,6 +465,7 @@ void TrainingStrategy::exit_hooks(bool failed) {
 void TrainingStrategy::train_batch(const Batch& batch) {
   ensure_precision_hook();
   ensure_data_parallel_hook();
+  ensure_non_finite_loss_guard();
   RunScope scope(*this);
   enter_hooks();
   try {
@@ -507,6 +521,14 @@ void TrainingStrategy::train_batch_impl(const Batch& batch) {
     step_lr_schedulers(ctx.lr_schedulers);
   }
   optimizer_step_skipped_ = !step_ran;
+  batches_without_step_ = step_ran ? 0 : batches_without_step_ + 1;
+  if (options_.max_batches_without_step > 0 && batches_without_step_ >= options_.max_batches_without_step) {
+    request_stop(std::to_string(batches_without_step_) +
+                 " batches in a row ended without an optimizer step (every step was skipped: "
+                 "non-finite or spiking losses, or gradient-scaler overflows), so training cannot "
+                 "make progress; the last at step " + std::to_string(step_count) + ", epoch " +
+                 std::to_string(epoch_count));
+  }
   run_hooks(TrainingStage::AFTER_OPTIMIZER_STEP, ctx);
   ++batch_count;
   ++epoch_step_count;
@@ -580,9 +602,12 @@ ValidationSummary TrainingStrategy::validate() {
 
 void TrainingStrategy::run(DataLoader& loader) {
   stop_requested_ = stop_agreed_ = stopped_early_ = false;
+  stop_reason_.clear();
+  batches_without_step_ = 0;
   reduced_stop_.reset();
   ensure_precision_hook();
   ensure_data_parallel_hook();
+  ensure_non_finite_loss_guard();
   RunScope scope(*this);
   enter_hooks();
   try {

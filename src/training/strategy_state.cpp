@@ -3,6 +3,7 @@
 
 #include "crucible/training/strategy.h"
 
+#include "crucible/checkpoint/tensor_archive.h"
 #include "crucible/common/error.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -31,6 +32,7 @@ TensorMap from_bytes(const std::map<std::string, std::string>& files, const std:
   auto it = files.find(name);
   if (it == files.end()) throw DataError(name + ": the checkpoint must contain it, got no such file");
   TensorMap out;
+  checkpoint::require_data_only_archive(it->second, name);  // nothing in it runs
   try {
     torch::serialize::InputArchive archive;
     std::istringstream is(it->second);
@@ -243,6 +245,7 @@ void TrainingStrategy::apply_pending_optimizer_state() {
     const std::string file = "optimizer." + std::to_string(i) + ".pt";
     auto it = files.find(file);
     if (it == files.end()) throw DataError(file + ": the checkpoint must contain it, got no such file");
+    checkpoint::require_data_only_archive(it->second, file);  // nothing in it runs
     try {
       torch::serialize::InputArchive archive;
       std::istringstream is(it->second);

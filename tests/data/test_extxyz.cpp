@@ -457,9 +457,13 @@ TEST_F(Extxyz, SpeciesAndZColumnsChangingPerFrame) {
 
 TEST_F(Extxyz, ErrorsNameFileLineAndExpectation) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"truncated.xyz", ":1: frame must have 3 atom lines after the comment line, got 2 before end of file"},
+      {"truncated.xyz", ":1: frame must have 3 atom lines after the comment line, got only 16 bytes before end of "
+                        "file, too few for them (4 columns need at least 8 bytes per line; truncated file or "
+                        "wrong atom count?)"},
       {"huge_count.xyz",
-       ":1: frame must have 99999999999 atom lines after the comment line, got 1 before end of file"},
+       ":1: frame must have 99999999999 atom lines after the comment line, got only 8 bytes before "
+       "end of file, too few for them (4 columns need at least 8 bytes per line; truncated file or wrong "
+       "atom count?)"},
       {"no_comment.xyz", ":1: frame must have a comment line after the atom count, got end of file"},
       {"non_numeric.xyz", ":4: column 4 (pos) must be a number, got 'abc'"},
       {"non_numeric_force.xyz", ":3: column 7 (force) must be a number, got '1.0.0'"},

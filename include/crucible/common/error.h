@@ -21,4 +21,12 @@ class ConfigError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A run that cannot continue for a reason found while training (a
+/// non-finite loss, a checkpoint that cannot be written). The message says
+/// what happened, at which step, what was kept, and how to go on.
+class TrainingError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace crucible

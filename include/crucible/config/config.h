@@ -196,6 +196,7 @@ struct TrainingConfig {
   std::optional<std::string> precision;
   std::string device = "cpu";              ///< "cpu", "cuda", "cuda:N".
   int64_t num_threads = 1;                 ///< CPU threads; 0 = LibTorch default.
+  int64_t max_batches_without_step = 1000; ///< stop after this many skipped steps in a row; 0 = never.
 };
 
 /// `output` section.
@@ -274,8 +275,24 @@ std::vector<ConfigKeyInfo> config_keys();
 /// Documentation of the sections ("data", "training.optimizer", ...) in order.
 std::vector<std::pair<std::string, std::string>> config_sections();
 
+/// Largest config or spec text accepted (1 MiB): real ones are a few kB.
+inline constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
+/// Longest string value accepted for a config key or weight-map name.
+inline constexpr std::size_t kMaxConfigStringLength = 4096;
+/// Deepest nesting of JSON arrays / objects accepted in a spec.
+inline constexpr int kMaxSpecDepth = 16;
+
+/// The whole text of a config or spec file, read only after its size was
+/// checked. `what` ("config file", "spec file") starts the messages.
+/// @throws ConfigError "<what> '<path>' cannot be opened (...)" or
+///         "<what> '<path>' must be at most 1048576 bytes, got N bytes".
+std::string read_config_text(const std::string& path, const std::string& what);
+
 /// Applies a YAML document (text) on top of `config`. `source` names it in
 /// errors (a file name). An empty document changes nothing.
+/// Bounded: text over kMaxConfigBytes, a string value over
+/// kMaxConfigStringLength characters or YAML nested deeper than yaml-cpp's
+/// guard (2000 levels) is a ConfigError.
 /// @throws ConfigError for invalid YAML ("<source>:<line>:<col>: invalid YAML: ..."),
 ///         an unknown key ("unknown config key 'a.b' in <source> (line L); known
 ///         keys: ..."), a value of the wrong type or out of range (naming the
@@ -318,6 +335,8 @@ std::string config_to_spec_json(const Config& config);
 /// defaults, applies every key of "config" (unknown keys and wrong types
 /// are ConfigErrors naming the key path and the line), then validates.
 /// `source` names the text in messages.
+/// Bounded like apply_config_yaml, and JSON nested deeper than
+/// kMaxSpecDepth is a ConfigError.
 /// @throws ConfigError for invalid JSON ("<source>:<line>:<col>"), a missing
 ///   or other format / spec_version, a top-level key other than format,
 ///   spec_version and config, or any config error.

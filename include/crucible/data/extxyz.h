@@ -4,6 +4,7 @@
 #include "crucible/data/structure.h"
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace crucible {
@@ -65,7 +66,19 @@ struct ExtxyzOptions {
 ///         virial that is neither 6 nor 9 numbers, a virial without a cell,
 ///         a bad pbc, energy or weight; "<path>: file must be readable, ..."
 ///         for an unreadable file.
+///
+/// Limits (hostile input): an atom count is checked against the bytes left
+/// in the file (each atom line needs two bytes per column) before anything is
+/// sized from it; Properties may declare at most 65536 values per atom line.
+/// NaN or Inf in positions, forces, Lattice, energy, stress, virial or a
+/// config weight is a DataError naming the file, line and column; other
+/// per-atom columns (charges, ...) may hold any number.
 std::vector<Structure> read_extxyz(const std::string& path, const ExtxyzOptions& options = {});
+
+/// As read_extxyz, for extxyz text already in memory; `name` stands for the
+/// path in Structure::source and in error messages. Same errors and limits.
+std::vector<Structure> read_extxyz_text(std::string_view text, const std::string& name,
+                                        const ExtxyzOptions& options = {});
 
 /// Writes frames as extxyz that `ase.io.read(path, index=":")` reads back
 /// (energy, forces, stress in eV units; values printed with 17 significant

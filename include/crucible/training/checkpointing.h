@@ -111,6 +111,12 @@ struct CheckpointHookOptions {
 /// AFTER_BATCH the flag makes the hook call request_stop(); the stop
 /// boundary then writes the checkpoint. `signal_received()` says whether it
 /// happened (the CLI prints how to resume).
+///
+/// A failed write (full disk, I/O error, file-size limit) leaves every
+/// earlier checkpoint as it was (the store writes a new folder and renames
+/// the manifest last) and ends the run with a TrainingError: "checkpoint at
+/// step S could not be written to DIR: <why>; earlier checkpoints are
+/// unchanged (the newest, ckpt-N (step K), is intact). ...".
 class CheckpointHook : public Hook {
  public:
   /// @throws ConfigError for negative cadences; std::invalid_argument for a null store.

@@ -95,6 +95,19 @@ struct StrategyOptions {
   /// (DataLoaderOptions::num_replicas / rank). Null = one process.
   std::shared_ptr<Communicator> communicator;
   double bucket_cap_mb = 25.0;  ///< DataParallelHook bucket size, MiB, > 0.
+  /// Stop at the first non-finite loss or gradient (issue 8): registers a
+  /// NonFiniteLossGuard at the first run()/train_batch() unless a
+  /// SpikeSkippingHook (which skips such steps instead) or a guard is
+  /// registered, or a plain (non-update) hook owns DO_BACKWARD or
+  /// DO_OPTIMIZER_STEP. The stop's reason is then stop_reason(). Default true.
+  bool stop_on_non_finite = true;
+  /// Stop (with a reason, see stop_reason()) once this many batches in a
+  /// row end without an optimizer step: a run whose every step is vetoed
+  /// (spike skipping on a diverged model, a scaler that overflows forever)
+  /// would otherwise never reach its step target. Gradient accumulation's
+  /// own non-stepping micro-batches count too, so keep it well above
+  /// gradient_accumulation_steps. 0 = never. Default 1000.
+  int64_t max_batches_without_step = 1000;
 };
 
 /// Forward pass used for training: model and batch in, predictions out.
@@ -190,6 +203,16 @@ class TrainingStrategy {
   /// gradient all-reduce, or a one-element all-reduce on batches without
   /// one), i.e. usually one batch later than in one process.
   void request_stop() { stop_requested_ = true; }
+  /// As request_stop(), recording why (the first reason of a run is kept):
+  /// a stop with a reason is a failure the caller reports, e.g.
+  /// NonFiniteLossGuard's "non-finite loss (nan) at step 12, ...".
+  void request_stop(const std::string& reason) {
+    if (stop_reason_.empty()) stop_reason_ = reason;
+    stop_requested_ = true;
+  }
+  /// The reason given to request_stop(reason) in this run; empty after a
+  /// plain request_stop() (a signal) or none.
+  const std::string& stop_reason() const { return stop_reason_; }
   /// True once request_stop() was called in this run (this worker only).
   bool stop_requested() const { return stop_requested_; }
   /// Records the workers' agreed stop decision of the current batch
@@ -317,6 +340,9 @@ class TrainingStrategy {
 
  private:
   void ensure_data_parallel_hook();
+  // Registers a NonFiniteLossGuard unless one or a SpikeSkippingHook is
+  // registered, or StrategyOptions::stop_on_non_finite is false.
+  void ensure_non_finite_loss_guard();
   void agree_on_stop_request();
   void run_hooks(TrainingStage stage, TrainContext& ctx);
   void install_hooks(std::vector<std::shared_ptr<Hook>> hooks);
@@ -361,7 +387,9 @@ class TrainingStrategy {
   bool has_do_backward_ = false;
   bool has_do_optimizer_step_ = false;
   bool optimizer_step_skipped_ = false;
+  int64_t batches_without_step_ = 0;  // consecutive batches whose step did not run
   bool stop_requested_ = false;
+  std::string stop_reason_;
   bool stop_agreed_ = false;           ///< the decision every worker acts on
   std::optional<bool> reduced_stop_;   ///< agreed in this batch's gradient all-reduce
   bool stopped_early_ = false;

@@ -33,6 +33,7 @@ inline constexpr int kGradientAccumulation = 10;
 inline constexpr int kMixedPrecision = 20;
 inline constexpr int kGradientClipping = 30;
 inline constexpr int kSpikeSkipping = 40;
+inline constexpr int kNonFiniteLossGuard = 45;
 inline constexpr int kDefault = 50;
 }  // namespace update_priority
 
