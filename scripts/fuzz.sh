@@ -44,13 +44,14 @@ for t in "${targets[@]}"; do
   rc=$?
   set -e
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
-  last=$(grep -E '^#[0-9]+' "$log" | tail -1)
+  peak=$(grep -o 'stat::peak_rss_mb: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+  last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
   cov=$(echo "$last" | grep -o 'cov: [0-9]*' | grep -o '[0-9]*' || echo "?")
   ft=$(echo "$last" | grep -o 'ft: [0-9]*' | grep -o '[0-9]*' || echo "?")
   corp=$(echo "$last" | grep -o 'corp: [0-9]*' | grep -o '[0-9]*' || echo "?")
   found=$(find "$findings" -type f | wc -l)
-  line=$(printf "%-12s %8s s %12s execs %8s cov %8s ft %6s corpus %3s findings (exit %s)" \
-         "$t" "$secs" "$execs" "$cov" "$ft" "$corp" "$found" "$rc")
+  line=$(printf "%-12s %6s s %11s execs %6s cov %7s ft %6s corpus %6s MB peak RSS %3s findings (exit %s)" \
+         "$t" "$secs" "$execs" "$cov" "$ft" "$corp" "$peak" "$found" "$rc")
   echo "$line"
   summary+="$line"$'\n'
   if [ "$rc" -ne 0 ] || [ "$found" -ne 0 ]; then

@@ -12,6 +12,7 @@ PACKAGES=(
   libssl-dev                 # OpenSSL libcrypto: SHA-256 of checkpoint files
   libgloo-dev                # Gloo headers for c10d ProcessGroupGloo (data-parallel training)
   python3 python3-ase python3-torch python3-numpy   # test oracles
+  clang libclang-rt-14-dev llvm   # libFuzzer targets (scripts/fuzz.sh), llvm-symbolizer for sanitizer reports
 )
 
 missing=()

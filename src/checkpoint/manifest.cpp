@@ -129,6 +129,10 @@ std::vector<CheckpointEntry> parse_manifest(const std::string& text, const std::
     const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(end), '\n');
     throw DataError(path + ":" + std::to_string(line) +
                     ": the manifest must be valid JSON (truncated or corrupted?), got: " + e.what());
+  } catch (const json::exception& e) {
+    // Valid syntax that nlohmann still refuses, e.g. a number out of
+    // double's range ("1e2236": out_of_range.406). Found by fuzz_manifest.
+    throw DataError(path + ": the manifest must be valid JSON (truncated or corrupted?), got: " + e.what());
   }
   const Reader r(path);
   r.expect_object(doc, "", {"schema_version", "checkpoints"});

@@ -1732,6 +1732,9 @@ Config config_from_spec_json(const std::string& text, const std::string& source)
     });
   } catch (const nlohmann::json::parse_error& e) {
     throw ConfigError(source + ": spec must be valid JSON, got a syntax error (" + e.what() + ")");
+  } catch (const nlohmann::json::exception& e) {
+    // e.g. a number out of double's range (out_of_range.406).
+    throw ConfigError(source + ": spec must be valid JSON, got " + e.what());
   }
   if (!root.is_object()) throw ConfigError(source + ": spec must be a JSON object");
   for (const auto& [k, v] : root.items()) {

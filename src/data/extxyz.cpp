@@ -196,7 +196,8 @@ class LineReader {
   bool next(std::string_view& line) {
     while (true) {
       const char* start = buffer_.data() + begin_;
-      const void* nl = std::memchr(start, '\n', end_ - begin_);
+      // (memchr must not see the null data() of an empty buffer.)
+      const void* nl = begin_ < end_ ? std::memchr(start, '\n', end_ - begin_) : nullptr;
       if (nl != nullptr) {
         const size_t len = static_cast<const char*>(nl) - start;
         line = std::string_view(start, len);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bad_inputs/run_binary.h"
+#include "checkpoint/manifest.h"
 #include "crucible/common/error.h"
 #include "crucible/config/config.h"
 #include "crucible/data/extxyz.h"
@@ -198,6 +199,13 @@ TEST(FuzzRegressions, KeptFindingsGiveTheirParsersError) {
     } catch (const crucible::ConfigError&) {
     }
   });
+  each("manifest", [](const std::string& t) {
+    try {
+      (void)crucible::checkpoint::detail::parse_manifest(t, "regression/manifest.json");
+    } catch (const crucible::DataError&) {
+    }
+  });
+  EXPECT_GE(checked, 2);  // fuzz/regressions/ holds the findings of issue 8's fuzzing
   std::cout << checked << " kept fuzz findings replayed\n";
 }
 
