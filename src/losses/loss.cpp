@@ -95,6 +95,23 @@ at::Tensor masked_mean(const at::Tensor& values, const at::Tensor& mask, const a
   return total / count.clamp_min(1).to(values.scalar_type());
 }
 
+/// True if some structure of the batch carries the label (`has` [B] bool).
+bool any_labelled(const at::Tensor& has) { return has.defined() && has.any().item<bool>(); }
+
+/// An exact 0 connected to the graph of the first defined prediction (its
+/// gradient is exactly 0, also where a prediction is NaN): the value of a
+/// term whose batch has no label and whose prediction was not computed
+/// (e.g. stress skipped for a batch of isolated molecules). Undefined
+/// predictions everywhere: a plain 0 (float32, CPU).
+at::Tensor unlabelled_zero(const ModelOutputs& pred) {
+  for (const at::Tensor* t : {&pred.energy, &pred.forces, &pred.stress}) {
+    if (t->defined()) {
+      return keep(*t, at::zeros({}, t->options().dtype(at::kBool))).sum();
+    }
+  }
+  return at::zeros({}, at::kFloat);
+}
+
 /// Row-wise Euclidean norm of x [N,3] with a zero (not NaN) gradient at 0.
 at::Tensor safe_row_norm(const at::Tensor& x) {
   const at::Tensor sq = x.pow(2).sum(1);
@@ -137,6 +154,7 @@ EnergyLoss::EnergyLoss(LossKind kind, bool per_atom, double delta)
 
 at::Tensor EnergyLoss::evaluate(const ModelOutputs& pred, const Batch& batch,
                                 const at::Tensor& structure_weight) const {
+  if (!pred.energy.defined() && !any_labelled(batch.has_energy)) return unlabelled_zero(pred);
   require(pred.energy, "EnergyLoss", "predicted energy");
   require(batch.energy, "EnergyLoss", "batch.energy");
   require_same_shape(pred.energy, batch.energy, "EnergyLoss", "predicted energy");
@@ -158,6 +176,7 @@ ForcesLoss::ForcesLoss(LossKind kind, ForcesMode mode, double delta)
 
 at::Tensor ForcesLoss::evaluate(const ModelOutputs& pred, const Batch& batch,
                                 const at::Tensor& structure_weight) const {
+  if (!pred.forces.defined() && !any_labelled(batch.has_forces)) return unlabelled_zero(pred);
   require(pred.forces, "ForcesLoss", "predicted forces (ComputeOptions::forces)");
   require(batch.forces, "ForcesLoss", "batch.forces");
   require_same_shape(pred.forces, batch.forces, "ForcesLoss", "predicted forces");
@@ -185,6 +204,7 @@ StressLoss::StressLoss(LossKind kind, double delta) : kind_(kind), delta_(delta)
 
 at::Tensor StressLoss::evaluate(const ModelOutputs& pred, const Batch& batch,
                                 const at::Tensor& structure_weight) const {
+  if (!pred.stress.defined() && !any_labelled(batch.has_stress)) return unlabelled_zero(pred);
   require(pred.stress, "StressLoss", "predicted stress (ComputeOptions::stress)");
   require(batch.stress, "StressLoss", "batch.stress");
   require_same_shape(pred.stress, batch.stress, "StressLoss", "predicted stress");

@@ -1,5 +1,11 @@
 #include "crucible/training/ema.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+
+#include <mutex>
+#include <vector>
+
 #include <ATen/core/grad_mode.h>
 
 #include <sstream>
@@ -67,10 +73,54 @@ UpdateDecision EmaHook::operator()(TrainContext& ctx, TrainingStage stage, bool 
   return {true, ctx.loss};
 }
 
+namespace {
+
+/// Saves the default CPU generator (and each visible CUDA device's) and
+/// puts them back on destruction.
+class PreservedRngState {
+ public:
+  PreservedRngState() {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    cpu_ = gen.get_state();
+    if (at::hasCUDA()) {
+      for (size_t i = 0; i < at::getNumGPUs(); ++i) {
+        auto g = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<int>(i)));
+        std::lock_guard<std::mutex> l(g.mutex());
+        cuda_.push_back(g.get_state());
+      }
+    }
+  }
+  ~PreservedRngState() {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(cpu_);
+    for (size_t i = 0; i < cuda_.size(); ++i) {
+      auto g = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<int>(i)));
+      std::lock_guard<std::mutex> l(g.mutex());
+      g.set_state(cuda_[i]);
+    }
+  }
+  PreservedRngState(const PreservedRngState&) = delete;
+  PreservedRngState& operator=(const PreservedRngState&) = delete;
+
+ private:
+  at::Tensor cpu_;
+  std::vector<at::Tensor> cuda_;
+};
+
+}  // namespace
+
 void EmaHook::publish(TrainContext& ctx) {
   if (options_.publish_inference_model && ctx.strategy) {
     if (!inference_) {
-      inference_ = ctx.model->clone_model();
+      // The copy's fresh initialisation must not draw from the global RNG:
+      // a resumed run clones at SETUP, an uninterrupted one at its first
+      // update, and both must leave the same rng.pt (issue 14).
+      {
+        PreservedRngState keep_rng;
+        inference_ = ctx.model->clone_model();
+      }
       if (!inference_) {
         throw std::logic_error("EmaHook publishes the average for validation through a copy of "
                                "the model, but model '" + ctx.model->name() +

@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "crucible/common/error.h"
+#include "crucible/precision/precision.h"
 #include "crucible/training/strategy.h"
 
 namespace crucible {
@@ -28,17 +30,54 @@ bool gradients_finite(TrainContext& ctx) {
   return at::stack(sums).isfinite().all().item<bool>();
 }
 
+// The run's active, enabled gradient scaler (16-mixed), or null.
+GradScaler* active_scaler(const TrainContext& ctx) {
+  if (!ctx.precision) return nullptr;
+  GradScaler* s = ctx.precision->scaler();
+  return s && s->is_enabled() ? s : nullptr;
+}
+
 }  // namespace
 
+NonFiniteLossGuard::NonFiniteLossGuard(NonFiniteLossGuardOptions options) : options_(options) {
+  if (!(options_.min_loss_scale > 0.0) || !std::isfinite(options_.min_loss_scale)) {
+    throw ConfigError(fmt::format("NonFiniteLossGuard min_loss_scale must be finite and > 0, got {}",
+                                  options_.min_loss_scale));
+  }
+}
+
 UpdateDecision NonFiniteLossGuard::operator()(TrainContext& ctx, TrainingStage stage, bool will_skip) {
+  if (stage == TrainingStage::AFTER_OPTIMIZER_STEP) {
+    GradScaler* scaler = active_scaler(ctx);
+    if (!scaler || scale_before_step_ <= 0.0) return {true, ctx.loss};
+    const double scale = scaler->get_scale();
+    const bool overflow = will_skip && scale < scale_before_step_;
+    scale_before_step_ = 0.0;
+    if (!will_skip) consecutive_overflows_ = 0;
+    if (!overflow) return {true, ctx.loss};
+    ++consecutive_overflows_;
+    if (scale < options_.min_loss_scale) {
+      const std::string reason = fmt::format(
+          "gradient scaler overflowed {} times in a row: the loss scale fell to {:g}, below the "
+          "floor min_loss_scale = {:g}, at {}; the gradients are inf/NaN at any scale (lower the "
+          "learning rate, or train in bf16-mixed or 32-true)",
+          consecutive_overflows_, scale, options_.min_loss_scale, where(ctx));
+      if (reason_.empty()) reason_ = reason;
+      if (ctx.strategy) ctx.strategy->request_stop(reason);
+    }
+    return {true, ctx.loss};
+  }
   if (stage != TrainingStage::DO_OPTIMIZER_STEP) return {true, ctx.loss};
   if (ctx.loss.defined() && pending_.empty()) {
     const double loss = ctx.loss.detach().to(at::kDouble).sum().item<double>();
     if (!std::isfinite(loss)) pending_ = fmt::format("non-finite loss ({}) at {}", loss, where(ctx));
   }
   if (will_skip) return {true, ctx.loss};  // an earlier hook keeps this step from running
+  GradScaler* scaler = active_scaler(ctx);
+  // With a scaler, non-finite gradients are an overflow the scaler skips.
+  scale_before_step_ = scaler ? scaler->get_scale() : 0.0;
   std::string reason = pending_;
-  if (reason.empty() && !gradients_finite(ctx)) {
+  if (reason.empty() && !scaler && !gradients_finite(ctx)) {
     reason = "non-finite gradient at " + where(ctx);
   }
   pending_.clear();

@@ -305,7 +305,10 @@ void TrainingStrategy::install_hooks(std::vector<std::shared_ptr<Hook>> hooks) {
     if (auto mp = std::dynamic_pointer_cast<MixedPrecisionHook>(h)) precision_hook_ = mp;
   }
   has_do_backward_ = has_do_optimizer_step_ = false;
+  has_update_orchestrator_ = false;
   for (const auto& h : hooks_) {
+    has_update_orchestrator_ = has_update_orchestrator_ ||
+                               std::dynamic_pointer_cast<TrainingUpdateOrchestrator>(h) != nullptr;
     has_do_backward_ = has_do_backward_ || h->runs_on_stage(TrainingStage::DO_BACKWARD);
     has_do_optimizer_step_ =
         has_do_optimizer_step_ || h->runs_on_stage(TrainingStage::DO_OPTIMIZER_STEP);
@@ -331,8 +334,16 @@ std::vector<LrScheduler*> TrainingStrategy::lr_schedulers() {
   return out;
 }
 
-void TrainingStrategy::ensure_optimizer(int64_t total_steps) {
-  if (!optimizers_.empty()) return;
+void TrainingStrategy::ensure_optimizer(int64_t total_steps, bool for_run) {
+  if (!optimizers_.empty()) {
+    // Seed 002: run() builds its optimizers for its own horizon; those that
+    // train_batch() built for another one are rebuilt (a restored state is
+    // applied again to the new ones).
+    if (!for_run || optimizer_horizon_ == total_steps) return;
+    optimizers_.clear();
+    schedulers_.clear();
+    if (pending_state_.empty()) pending_state_ = restored_state_;
+  }
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers;
   std::vector<std::unique_ptr<LrScheduler>> schedulers;
   std::map<std::string, std::set<std::string>> taken;  // model → parameter names
@@ -361,6 +372,7 @@ void TrainingStrategy::ensure_optimizer(int64_t total_steps) {
   }
   optimizers_ = std::move(optimizers);
   schedulers_ = std::move(schedulers);
+  optimizer_horizon_ = total_steps;
   apply_pending_optimizer_state();
 }
 
@@ -469,7 +481,9 @@ void TrainingStrategy::train_batch(const Batch& batch) {
   RunScope scope(*this);
   enter_hooks();
   try {
-    ensure_optimizer(options_.num_steps.value_or(0));
+    TrainContext setup_ctx = make_context(nullptr);
+    run_hooks(TrainingStage::SETUP, setup_ctx);  // seed 002: on every call
+    ensure_optimizer(options_.num_steps.value_or(0), /*for_run=*/false);
     set_configured_models_training();
     train_batch_impl(batch.to(options_.device, batch_dtype()));
   } catch (...) {
@@ -482,9 +496,12 @@ void TrainingStrategy::train_batch(const Batch& batch) {
 void TrainingStrategy::train_batch_impl(const Batch& batch) {
   TrainContext ctx = make_context(&batch);
   run_hooks(TrainingStage::BEFORE_BATCH, ctx);
-  if (!has_do_optimizer_step_) {
+  // Seed 002: only an update orchestrator (which zeroes unless one of its
+  // hooks vetoes BEFORE_BATCH) takes zero_grad over.
+  if (!has_update_orchestrator_) {
     for (auto& o : optimizers_) o->zero_grad();
   }
+  zero_optimizer_filtered_gradients();
   run_hooks(TrainingStage::BEFORE_FORWARD, ctx);
   ModelOutputs predictions = training_fn_(ctx.models, batch);
   ctx.predictions = &predictions;
@@ -552,6 +569,8 @@ int64_t TrainingStrategy::target_step_count(int64_t batches_per_epoch) const {
 
 bool TrainingStrategy::validation_due_after_epoch() const {
   if (!options_.validation) return false;
+  // Seed 002: a step cadence takes precedence over the epoch cadence.
+  if (options_.validation->every_n_steps > 0) return false;
   const int64_t n = options_.validation->every_n_epochs;
   return n > 0 && epoch_count > 0 && epoch_count % n == 0;
 }
@@ -600,7 +619,7 @@ ValidationSummary TrainingStrategy::validate() {
   return *last_validation_;
 }
 
-void TrainingStrategy::run(DataLoader& loader) {
+void TrainingStrategy::run(DataLoader& given_loader) {
   stop_requested_ = stop_agreed_ = stopped_early_ = false;
   stop_reason_.clear();
   batches_without_step_ = 0;
@@ -612,7 +631,14 @@ void TrainingStrategy::run(DataLoader& loader) {
   enter_hooks();
   try {
     TrainContext setup_ctx = make_context(nullptr);
+    setup_ctx.active_dataloader = &given_loader;
     run_hooks(TrainingStage::SETUP, setup_ctx);
+    if (!setup_ctx.active_dataloader) {
+      throw std::invalid_argument("a SETUP hook set ctx.active_dataloader to null; it must point "
+                                  "to the data loader to train on");
+    }
+    DataLoader& loader = *setup_ctx.active_dataloader;  // seed 002 active_dataloader
+    active_dataloader_ = &loader;
     const int64_t batches_per_epoch = loader.size();
     int64_t target = target_step_count(batches_per_epoch);
     if (saved_world_size_) {
@@ -637,20 +663,8 @@ void TrainingStrategy::run(DataLoader& loader) {
       saved_world_size_.reset();
     }
     if (step_count < target) {
-      // Restart: normalise epoch_step_count and check counter consistency (seed 002).
-      if (batches_per_epoch > 0 && epoch_step_count >= batches_per_epoch) {
-        epoch_count += epoch_step_count / batches_per_epoch;
-        epoch_step_count %= batches_per_epoch;
-      }
-      const int64_t expected = epoch_count * batches_per_epoch + epoch_step_count;
-      if (batch_count != 0 && batch_count != expected) {
-        throw std::invalid_argument(
-            "restart counters are inconsistent: batch_count must equal epoch_count * "
-            "len(loader) + epoch_step_count = " +
-            std::to_string(expected) + ", got " + std::to_string(batch_count));
-      }
-      batch_count = std::max(batch_count, expected);
-      ensure_optimizer(target);
+      prepare_restart_counters(batches_per_epoch);
+      ensure_optimizer(target, /*for_run=*/true);
       set_configured_models_training();
       bool started = false;
       while (step_count < target) {
@@ -708,10 +722,79 @@ void TrainingStrategy::run(DataLoader& loader) {
       }
     }
   } catch (...) {
+    active_dataloader_ = nullptr;
     exit_hooks(true);
     throw;
   }
+  active_dataloader_ = nullptr;
   exit_hooks(false);
+}
+
+void TrainingStrategy::prepare_restart_counters(int64_t batches_per_epoch) {
+  for (const auto& [name, value] :
+       {std::pair<const char*, int64_t>{"step_count", step_count},
+        {"global_step_count", global_step_count}, {"batch_count", batch_count},
+        {"epoch_count", epoch_count}, {"epoch_step_count", epoch_step_count}}) {
+    if (value < 0) {
+      throw std::invalid_argument(std::string("restart counter ") + name +
+                                  " must be >= 0, got " + std::to_string(value));
+    }
+  }
+  if (global_step_count == 0 && step_count > 0) global_step_count = step_count * world_size;
+  if (batches_per_epoch <= 0) return;
+  // Seed 002 _prepare_epoch_step_count.
+  if (epoch_step_count >= batches_per_epoch) {
+    epoch_count += epoch_step_count / batches_per_epoch;
+    epoch_step_count %= batches_per_epoch;
+  }
+  const int64_t completed = epoch_count * batches_per_epoch;
+  const int64_t progress = batch_count != 0 ? batch_count : step_count;
+  if (epoch_step_count > 0) {
+    const int64_t expected = completed + epoch_step_count;
+    if (progress != 0 && progress != expected) {
+      throw std::invalid_argument(
+          "restart counters are inconsistent: batch_count (or step_count when batch_count is 0) "
+          "must equal epoch_count * len(loader) + epoch_step_count = " +
+          std::to_string(expected) + ", got " + std::to_string(progress));
+    }
+    batch_count = std::max(batch_count, expected);
+    return;
+  }
+  if (progress < completed) {
+    throw std::invalid_argument(
+        "restart counters are inconsistent: batch_count (or step_count when batch_count is 0) "
+        "must be >= epoch_count * len(loader) = " +
+        std::to_string(completed) + ", got " + std::to_string(progress));
+  }
+  // The position in the epoch follows from the batches done.
+  const int64_t elapsed = progress - completed;
+  epoch_count += elapsed / batches_per_epoch;
+  epoch_step_count = elapsed % batches_per_epoch;
+  batch_count = std::max(batch_count, progress);
+}
+
+std::set<const void*> TrainingStrategy::optimizer_owned_parameters() const {
+  std::set<const void*> owned;
+  for (const auto& o : optimizers_) {
+    for (const auto& g : o->param_groups()) {
+      for (const auto& p : g.params()) owned.insert(p.unsafeGetTensorImpl());
+    }
+  }
+  return owned;
+}
+
+void TrainingStrategy::zero_optimizer_filtered_gradients() {
+  // Seed 002 _zero_optimizer_filtered_gradients: a trainable parameter that
+  // no optimizer owns would otherwise accumulate a gradient over the run
+  // and carry it into every checkpoint.
+  const std::set<const void*> owned = optimizer_owned_parameters();
+  for (auto& [name, m] : models_) {
+    for (auto& p : m->module().parameters(true)) {
+      if (p.requires_grad() && p.grad().defined() && owned.count(p.unsafeGetTensorImpl()) == 0) {
+        p.mutable_grad() = at::Tensor();
+      }
+    }
+  }
 }
 
 }  // namespace crucible

@@ -90,11 +90,15 @@ std::vector<std::pair<std::string, std::string>> TrainingStrategy::state_files()
                                               {"epoch_count", at::scalar_tensor(epoch_count, at::kLong)},
                                               {"epoch_step_count", at::scalar_tensor(epoch_step_count, at::kLong)},
                                               {"world_size", at::scalar_tensor(int64_t{world_size}, at::kLong)}}));
+  // Gradients of parameters no optimizer owns never land in a checkpoint
+  // (seed 002 clears them before each batch).
+  const std::set<const void*> owned = optimizer_owned_parameters();
   for (auto& [name, m] : models_) {
     TensorMap weights, grads;
     for (const auto& item : m->module().named_parameters(true)) {
       weights["param." + item.key()] = item.value();
-      if (item.value().grad().defined()) grads[item.key()] = item.value().grad();
+      const bool kept = optimizers_.empty() || owned.count(item.value().unsafeGetTensorImpl()) > 0;
+      if (item.value().grad().defined() && kept) grads[item.key()] = item.value().grad();
     }
     for (const auto& item : m->module().named_buffers(true)) weights["buffer." + item.key()] = item.value();
     files.emplace_back("model." + name + ".pt", to_bytes(weights));
@@ -182,17 +186,31 @@ void TrainingStrategy::restore_state_files(const std::map<std::string, std::stri
     hook_states.emplace_back(next++, std::move(state));
   }
   const TensorMap rng = from_bytes(files, "rng.pt");
+  check_optimizer_files(files);
+  std::map<std::string, int64_t> saved;
+  for (const char* key :
+       {"step_count", "global_step_count", "batch_count", "epoch_count", "epoch_step_count"}) {
+    saved[key] = entry(counters, "counters.pt", key).item<int64_t>();
+    if (saved[key] < 0) {
+      throw DataError(std::string("counters.pt: '") + key + "' must be >= 0, got " +
+                      std::to_string(saved[key]));
+    }
+  }
 
-  step_count = entry(counters, "counters.pt", "step_count").item<int64_t>();
-  global_step_count = entry(counters, "counters.pt", "global_step_count").item<int64_t>();
-  batch_count = entry(counters, "counters.pt", "batch_count").item<int64_t>();
-  epoch_count = entry(counters, "counters.pt", "epoch_count").item<int64_t>();
-  epoch_step_count = entry(counters, "counters.pt", "epoch_step_count").item<int64_t>();
+  step_count = saved["step_count"];
+  global_step_count = saved["global_step_count"];
+  batch_count = saved["batch_count"];
+  epoch_count = saved["epoch_count"];
+  epoch_step_count = saved["epoch_step_count"];
   // Another world size: run() re-bases the position in the epoch (issue 6).
   saved_world_size_.reset();
   if (counters.count("world_size")) {
     const int64_t saved = counters.at("world_size").item<int64_t>();
     if (saved != world_size) saved_world_size_ = saved;
+  }
+  // Seed 002 from_checkpoint_dict: a missing global count follows from the steps.
+  if (global_step_count == 0 && step_count > 0) {
+    global_step_count = step_count * saved_world_size_.value_or(world_size);
   }
   for (auto& [name, m] : models_) {
     const std::string file = "model." + name + ".pt";
@@ -234,7 +252,47 @@ void TrainingStrategy::restore_state_files(const std::map<std::string, std::stri
       pending_state_[name] = bytes;
     }
   }
+  restored_state_ = pending_state_;
   if (!optimizers_.empty()) apply_pending_optimizer_state();
+}
+
+void TrainingStrategy::check_optimizer_files(const std::map<std::string, std::string>& files) const {
+  // Seed 002 _restore_runtime_optimizers_from_loaded_state: as many optimizer
+  // (and scheduler) states as the configuration builds, no more, no fewer.
+  size_t saved_optimizers = 0;
+  while (files.count("optimizer." + std::to_string(saved_optimizers) + ".pt") > 0) ++saved_optimizers;
+  std::string configured;
+  for (const auto& e : entries_) configured += (configured.empty() ? "" : ", ") + e.path;
+  if (saved_optimizers != entries_.size()) {
+    throw DataError("checkpoint: holds " + std::to_string(saved_optimizers) +
+                    " optimizer state(s) (optimizer.<i>.pt), but the configuration builds " +
+                    std::to_string(entries_.size()) + " (" + configured +
+                    "); resume with the optimizer configuration of the checkpointed run");
+  }
+  for (const auto& [name, bytes] : files) {
+    (void)bytes;
+    if (name.rfind("scheduler.", 0) != 0) continue;
+    const std::string index = name.substr(10, name.size() - 10 - 3);
+    size_t i = 0;
+    try {
+      i = std::stoul(index);
+    } catch (const std::exception&) {
+      i = entries_.size();
+    }
+    if (i >= entries_.size() || !entries_[i].config.scheduler) {
+      throw DataError(name + ": the checkpoint holds a scheduler state for optimizer " + index +
+                      ", but the configuration has no scheduler there (" + configured +
+                      "); resume with the scheduler configuration of the checkpointed run");
+    }
+  }
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const std::string file = "scheduler." + std::to_string(i) + ".pt";
+    if (entries_[i].config.scheduler && files.count(file) == 0) {
+      throw DataError(file + ": the configuration has a scheduler (" + entries_[i].scheduler_path +
+                      "), but the checkpoint holds no state for it; resume with the scheduler "
+                      "configuration of the checkpointed run");
+    }
+  }
 }
 
 void TrainingStrategy::apply_pending_optimizer_state() {

@@ -364,6 +364,48 @@ TEST_F(CliTest, SigtermThenResumeMatchesAnUninterruptedRun) {
   EXPECT_NE(r.err.find("the run finished"), std::string::npos) << r.err;
 }
 
+// Issue 14: periodic frames with a virial mixed with frames without one (as
+// in MOF or MACE's regression sets) train at batch sizes 1, 2 and 4 (batches
+// without any stress label included) and resume exactly after a SIGTERM.
+TEST_F(CliTest, HalfTheFramesWithoutStressTrainAndResumeExactly) {
+  const auto frames = frames_of(std::string(CRUCIBLE_SOURCE_DIR) + "/data/alloy_TiAl/TiAl_tutorial.xyz");
+  std::string mixed;
+  const std::regex virial(R"( virial="[^"]*")");
+  for (size_t i = 0; i < 8; ++i) {
+    ASSERT_TRUE(std::regex_search(frames[i], virial)) << "frame " << i << " has no virial";
+    mixed += i % 2 == 1 ? std::regex_replace(frames[i], virial, "") : frames[i];
+  }
+  write_text(dir_ / "mixed_stress.xyz", mixed);
+  for (const int batch_size : {1, 2, 4}) {
+    SCOPED_TRACE("batch_size=" + std::to_string(batch_size));
+    const auto args_for = [&](const fs::path& run) {
+      auto a = tiny_args(run.string());
+      a[1] = "data.train_file=" + (dir_ / "mixed_stress.xyz").string();
+      a.push_back("training.batch_size=" + std::to_string(batch_size));
+      return a;
+    };
+    const fs::path full = dir_ / ("mixed_full_" + std::to_string(batch_size));
+    Result r = run_crucible(dir_, args_for(full));
+    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    const auto a = nlohmann::json::parse(read_text(full / "summary.json"));
+    EXPECT_TRUE(std::isfinite(a.at("validation").at("forces_mae").get<double>()));
+
+    const fs::path cut = dir_ / ("mixed_cut_" + std::to_string(batch_size));
+    // Stop after the first batch of the second epoch (8 / batch_size batches an epoch).
+    ::setenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH", std::to_string(8 / batch_size).c_str(), 1);
+    r = run_crucible(dir_, args_for(cut));
+    ::unsetenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH");
+    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    ASSERT_FALSE(fs::exists(cut / "summary.json")) << r.out;
+    r = run_crucible(dir_, {"train", "--resume", cut.string()});
+    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    const auto b = nlohmann::json::parse(read_text(cut / "summary.json"));
+    for (const char* k : {"energy_mae", "forces_mae", "stress_mae"}) {
+      EXPECT_EQ(a.at("validation").at(k), b.at("validation").at(k)) << k;
+    }
+  }
+}
+
 TEST_F(CliTest, BadConfigFromTheCatalogStopsBeforeAnythingIsWritten) {
   const fs::path run = dir_ / "run_bad_config";
   auto args = tiny_args(run.string());

@@ -717,5 +717,52 @@ TEST(LossWeightSchedules, WeightedSumUsesScheduleAtProgress) {
                  "scheduled weight of 'energy' must be a finite number >= 0, got -1 at step 3, epoch 0");
 }
 
+// Issue 14: a batch in which no structure has a stress (or forces, energy)
+// label trains with that term at exactly 0 even though the forward skipped
+// the prediction; a labelled batch without the prediction is still an error.
+TEST(Losses, TermWithoutLabelsInTheBatchIsZeroWithoutItsPrediction) {
+  Batch b = tiny_batch();
+  b.has_stress = bvec({0, 0, 0});
+  b.has_forces = bvec({0, 0, 0});
+  ModelOutputs p = tiny_pred();
+  at::Tensor e = p.energy.detach().clone().requires_grad_(true);
+  p.energy = e;
+  p.stress = at::Tensor();
+  p.forces = at::Tensor();
+  for (const auto& kind : {LossKind::MSE, LossKind::MAE, LossKind::Huber}) {
+    const at::Tensor s = StressLoss(kind)(p, b);
+    const at::Tensor f = ForcesLoss(kind, ForcesMode::Vector)(p, b);
+    EXPECT_EQ(s.item<double>(), 0.0);
+    EXPECT_EQ(f.item<double>(), 0.0);
+    EXPECT_EQ(s.scalar_type(), at::kDouble);
+    EXPECT_TRUE(s.requires_grad());  // connected to the energy's graph
+  }
+  WeightedSumLoss loss;
+  loss.add(std::make_shared<EnergyLoss>(LossKind::MSE), 1.0);
+  loss.add(std::make_shared<ForcesLoss>(), 10.0);
+  loss.add(std::make_shared<StressLoss>(), 100.0);
+  const LossOutput out = loss(p, b);
+  // Energy per atom d = (0.5, -0.5), w = (1·1, 2·0.5) → (0.25 + 0.25)/2.
+  EXPECT_NEAR(out.total.item<double>(), 0.25, 1e-15);
+  EXPECT_EQ(out.components.at("stress").item<double>(), 0.0);
+  out.total.backward();
+  EXPECT_TRUE(e.grad().defined());
+  // A NaN energy of an unlabelled structure reaches neither value nor gradient.
+  ModelOutputs nan_pred = p;
+  nan_pred.energy = at::full({3}, std::nan(""), at::kDouble).requires_grad_(true);
+  const at::Tensor z = StressLoss()(nan_pred, b);
+  EXPECT_EQ(z.item<double>(), 0.0);
+  z.backward();
+  EXPECT_EQ(nan_pred.energy.grad().abs().sum().item<double>(), 0.0);
+  // Labels present but no prediction: still the clear error.
+  Batch labelled = tiny_batch();
+  try {
+    (void)StressLoss()(p, labelled);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& err) {
+    EXPECT_NE(std::string(err.what()).find("predicted stress"), std::string::npos) << err.what();
+  }
+}
+
 }  // namespace
 }  // namespace crucible

@@ -350,8 +350,9 @@ TEST(TrainingStrategy, InconsistentRestartCountersAreRejected) {
     FAIL();
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(),
-                 "restart counters are inconsistent: batch_count must equal epoch_count * "
-                 "len(loader) + epoch_step_count = 3, got 5");
+                 "restart counters are inconsistent: batch_count (or step_count when "
+                 "batch_count is 0) must equal epoch_count * len(loader) + epoch_step_count = "
+                 "3, got 5");
   }
 }
 

@@ -44,7 +44,10 @@ ForcesMode parse_forces_mode(const std::string& text);
 
 /// A loss term L(pred, batch) → scalar (0-dim tensor, dtype and device of
 /// predictions; labels and weights are cast to them). A batch with no
-/// labelled item gives an exact 0 that is still connected to the graph.
+/// labelled item gives an exact 0 that is still connected to the graph;
+/// then the term's own prediction may be undefined (the training forward
+/// skips stress for a batch without stress labels: mixed periodic / molecular
+/// data, issue 14), and the 0 hangs off another prediction instead.
 /// Unlabelled items are excluded with masks (at::where on the error before
 /// the penalty, not a multiplication by 0): a NaN prediction there reaches
 /// neither the value nor the gradient (which is exactly 0 there).
@@ -66,7 +69,8 @@ class LossFunction {
   /// The term with each structure's weight further multiplied by
   /// `structure_weight` ([B] floating, any device; undefined = all 1).
   /// @throws std::invalid_argument if the needed prediction or label is
-  ///         undefined, shapes differ, or structure_weight is not [B].
+  ///         undefined while some structure of the batch has that label,
+  ///         shapes differ, or structure_weight is not [B].
   virtual at::Tensor evaluate(const ModelOutputs& pred, const Batch& batch,
                               const at::Tensor& structure_weight) const = 0;
   /// Component name ("energy", "forces", "stress").

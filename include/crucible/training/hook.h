@@ -29,6 +29,7 @@ struct ModelOutputs;
 struct ValidationSummary;
 class PrecisionPlugin;
 class LrScheduler;
+class DataLoader;
 
 /// What a hook sees. Pointers are non-owning and valid during the call only;
 /// null when not available at that stage (e.g. no batch at SETUP).
@@ -64,6 +65,11 @@ struct TrainContext {
   /// The run's precision plugin (null when the strategy has none): hooks that
   /// touch gradients (clipping) call precision->unscale_gradients first.
   PrecisionPlugin* precision = nullptr;
+  /// SETUP of run() only (seed 002 `active_dataloader`): the loader the run
+  /// will train on, the one passed to run() unless an earlier SETUP hook
+  /// replaced it. A SETUP hook may point it at another loader (which must
+  /// outlive the run); run() then trains on that one. Null elsewhere.
+  DataLoader* active_dataloader = nullptr;
 };
 
 /// A hook. Subclasses say which stages they run on and how often.

@@ -9,9 +9,30 @@
 
 namespace crucible {
 
+/// Options of NonFiniteLossGuard.
+struct NonFiniteLossGuardOptions {
+  /// Floor of the gradient scaler's loss scale (16-mixed). Overflowing
+  /// steps are the scaler's to skip (each halves the scale by default); once
+  /// consecutive overflows have pushed the scale below this floor the
+  /// gradients are inf/NaN at any scale and the guard stops the run.
+  /// 1e-4 is fairseq's `--min-loss-scale` default (Ott et al., 2019,
+  /// fairseq/optim/dynamic_loss_scaler.py). Finite and > 0.
+  double min_loss_scale = 1e-4;
+};
+
 /// Update hook that refuses to apply an optimizer step after a non-finite
 /// loss (NaN or ±Inf) in any batch since the last step, or with a
-/// non-finite gradient, and stops the run there.
+/// non-finite gradient when no gradient scaler is active, and stops the run
+/// there.
+///
+/// With an active, enabled gradient scaler (16-mixed; ctx.precision's
+/// scaler) non-finite gradients are an overflow: the guard lets the scaler
+/// skip that step and back off the scale, and training goes on (seed 000;
+/// seed 001 holds only the schedulers of the skipped optimizers). It stops
+/// the run only when the scale has fallen below
+/// NonFiniteLossGuardOptions::min_loss_scale after consecutive overflows
+/// (the reason names the count, the scale and the floor). A non-finite
+/// loss stops the run with or without a scaler.
 ///
 /// On such a step it vetoes the optimizer step (so the weights, optimizer
 /// moments and schedulers stay at the last good step), zeroes the gradients
@@ -31,9 +52,12 @@ namespace crucible {
 /// worker sees the same averaged loss and gradients and stops alike.
 ///
 /// Priority update_priority::kNonFiniteLossGuard (45, after spike skipping).
-/// Stateless between runs (no checkpoint state).
+/// State: the count of consecutive overflows (not checkpointed: a resumed
+/// run counts again from 0, and the scale itself is in the scaler's state).
 class NonFiniteLossGuard : public TrainingUpdateHook {
  public:
+  /// @throws ConfigError if options.min_loss_scale is not finite and > 0.
+  explicit NonFiniteLossGuard(NonFiniteLossGuardOptions options = {});
   std::string name() const override { return "NonFiniteLossGuard"; }
   int priority() const override { return update_priority::kNonFiniteLossGuard; }
   using TrainingUpdateHook::operator();
@@ -42,8 +66,14 @@ class NonFiniteLossGuard : public TrainingUpdateHook {
 
   /// Why the guard stopped the run; empty if it never fired.
   const std::string& reason() const { return reason_; }
+  /// Scaler overflows in a row up to the last step (0 after a step that ran).
+  int64_t consecutive_overflows() const { return consecutive_overflows_; }
+  const NonFiniteLossGuardOptions& options() const { return options_; }
 
  private:
+  NonFiniteLossGuardOptions options_;
+  double scale_before_step_ = 0.0;  // the scaler's scale at DO_OPTIMIZER_STEP; 0 = no scaler
+  int64_t consecutive_overflows_ = 0;
   std::string pending_;  // first non-finite loss seen since the last step
   std::string reason_;
 };

@@ -42,7 +42,9 @@ ValidationPrecision parse_validation_precision(const std::string& text);
 struct ValidationConfig {
   std::shared_ptr<const AtomicDataset> data;  ///< validation structures (required).
   int64_t every_n_epochs = 1;   ///< validate after every n-th epoch; 0 = never. Default 1.
-  int64_t every_n_steps = 0;    ///< validate every n optimizer steps; 0 = never. Default 0.
+  /// Validate every n optimizer steps that ran; 0 = never. Default 0. When
+  /// > 0 it takes precedence (seed 002): every_n_epochs is then not used.
+  int64_t every_n_steps = 0;
   int64_t batch_size = 16;      ///< Default 16.
   /// Evaluate the inference model (EMA weights, published by an EmaHook
   /// through set_inference_model) instead of the live model when one has
@@ -177,10 +179,25 @@ class TrainingStrategy {
     register_hook(std::move(hook));
   }
 
-  /// Trains over `loader` until the step target. Restartable: counters set
-  /// before the call (e.g. from a checkpoint) continue the run mid-epoch.
-  /// @throws std::invalid_argument if the loader yields no batch.
+  /// Trains over `loader` until the step target. Lifecycle (seed 002):
+  /// enter hooks; SETUP (hooks may replace the loader through
+  /// TrainContext::active_dataloader); counters prepared for a restart;
+  /// optimizers and schedulers built for this run's step target (rebuilt if
+  /// an earlier train_batch() built them for another one, a restored state
+  /// applied again); BEFORE_TRAINING, then per epoch BEFORE_EPOCH, the
+  /// batches (see train_batch), AFTER_EPOCH; AFTER_TRAINING; exit hooks.
+  ///
+  /// Restartable: counters set before the call (e.g. from a checkpoint)
+  /// continue the run mid-epoch. When epoch_step_count is 0 the position in
+  /// the epoch is derived from batch_count (or step_count when that is 0):
+  /// epoch_count += elapsed / len(loader), epoch_step_count = the rest;
+  /// global_step_count = step_count × world size when it is 0.
+  /// @throws std::invalid_argument if the loader yields no batch, a counter
+  ///   is negative, or the counters are inconsistent (message gives the
+  ///   expected value).
   void run(DataLoader& loader);
+  /// The loader run() trains on (after SETUP), or null outside run().
+  DataLoader* active_dataloader() const { return active_dataloader_; }
 
   /// Where run() calls boundary callbacks: after a batch (its step-cadence
   /// validation and metric-scheduler step done; not when the batch ended an
@@ -226,8 +243,16 @@ class TrainingStrategy {
   /// (for tools and the hook-dispatch benchmark). Throws what a hook throws.
   void dispatch_stage(TrainingStage stage);
 
-  /// Trains on one batch (BEFORE_BATCH … AFTER_BATCH only); builds the
-  /// optimizer on first use. Advances counters like `run`.
+  /// Trains on one batch: enters the hooks, runs SETUP (on every call, as
+  /// seed 002), builds the optimizers on first use (for num_steps, or 0
+  /// steps under num_epochs), then BEFORE_BATCH; zero_grad (by the update
+  /// orchestrator unless one of its hooks vetoes BEFORE_BATCH, else by the
+  /// strategy); gradients of trainable parameters no optimizer owns reset;
+  /// BEFORE_FORWARD, forward, AFTER_FORWARD, BEFORE_LOSS, loss, AFTER_LOSS,
+  /// BEFORE_BACKWARD, DO_BACKWARD (or backward()), AFTER_BACKWARD,
+  /// BEFORE_OPTIMIZER_STEP, DO_OPTIMIZER_STEP (or step every optimizer and
+  /// its scheduler), AFTER_OPTIMIZER_STEP, counters, AFTER_BATCH; exits the
+  /// hooks. Advances counters like `run`.
   void train_batch(const Batch& batch);
 
   /// Runs validation now, fires AFTER_VALIDATION, returns the summary.
@@ -246,8 +271,9 @@ class TrainingStrategy {
   ///  - "counters.pt": step_count, global_step_count, batch_count,
   ///    epoch_count, epoch_step_count, world_size (int64);
   ///  - "model.<name>.pt": parameters and buffers of every model;
-  ///  - "grads.<name>.pt": the gradients held now (a gradient-accumulation
-  ///    cycle stopped in the middle continues exactly);
+  ///  - "grads.<name>.pt": the gradients held now of the parameters an
+  ///    optimizer owns (a gradient-accumulation cycle stopped in the middle
+  ///    continues exactly); others are cleared before every batch anyway;
   ///  - "optimizer.<i>.pt": Optimizer::save, and "optimizer.<i>.lr.pt" the lr
   ///    of every param group (torch::load does not restore it);
   ///  - "scheduler.<i>.pt": LrScheduler::state_dict as float64 scalars;
@@ -263,9 +289,14 @@ class TrainingStrategy {
   /// optimizer, scheduler and gradient state when the optimizers are built
   /// (the next run()/train_batch(); at once if they exist).
   /// Each saved hook state goes to the next registered hook of the same name.
+  /// Seed 002 restore checks: a counter < 0 is refused; global_step_count
+  /// 0 becomes step_count × world size; the files must hold exactly one
+  /// "optimizer.<i>.pt" per configured optimizer and a "scheduler.<i>.pt"
+  /// exactly where the configuration has a scheduler.
   /// @throws DataError naming the file for a missing or unreadable file, a
-  ///   missing parameter, a shape mismatch, or a saved hook state that no
-  ///   registered hook (in order) takes.
+  ///   missing parameter, a shape mismatch, a negative counter, more or fewer
+  ///   optimizer / scheduler states than configured (naming both), or a saved
+  ///   hook state that no registered hook (in order) takes.
   void restore_state_files(const std::map<std::string, std::string>& files);
 
   /// Target optimizer-step count for a loader with `batches_per_epoch` batches.
@@ -348,7 +379,18 @@ class TrainingStrategy {
   void install_hooks(std::vector<std::shared_ptr<Hook>> hooks);
   class RunScope;
   void check_configs();
-  void ensure_optimizer(int64_t total_steps);
+  // Builds the optimizers and schedulers for `total_steps` unless built;
+  // `for_run`: rebuild those built for another horizon (by train_batch).
+  void ensure_optimizer(int64_t total_steps, bool for_run);
+  // Seed 002 _prepare_epoch_step_count (and the counter checks of
+  // from_checkpoint_dict). @throws std::invalid_argument.
+  void prepare_restart_counters(int64_t batches_per_epoch);
+  void zero_optimizer_filtered_gradients();
+  // TensorImpl addresses of every parameter an optimizer holds.
+  std::set<const void*> optimizer_owned_parameters() const;
+  // @throws DataError when `files` hold more or fewer optimizer / scheduler
+  // states than entries_ configure.
+  void check_optimizer_files(const std::map<std::string, std::string>& files) const;
   void apply_pending_optimizer_state();
   void set_configured_models_training();
   void validate_and_step_metric_schedulers();
@@ -385,6 +427,12 @@ class TrainingStrategy {
   std::optional<int64_t> saved_world_size_;
   std::optional<ValidationSummary> last_validation_;
   bool has_do_backward_ = false;
+  bool has_update_orchestrator_ = false;
+  int64_t optimizer_horizon_ = 0;  ///< total_steps the optimizers were built for
+  /// Optimizer, scheduler and gradient files of the last restore_state_files
+  /// (applied again when run() rebuilds the optimizers).
+  std::map<std::string, std::string> restored_state_;
+  DataLoader* active_dataloader_ = nullptr;
   bool has_do_optimizer_step_ = false;
   bool optimizer_step_skipped_ = false;
   int64_t batches_without_step_ = 0;  // consecutive batches whose step did not run
