@@ -211,6 +211,10 @@ TrainingSetup build_training(const Config& input_config,
   const SchNetOptions so = schnet_options(config.model);
   SchNet model(nullptr);
   try {
+    // Seed 004 module_init_context: parameters are created in the
+    // precision's parameter dtype (the strategy then converts the rest).
+    std::unique_ptr<PrecisionPlugin::DefaultDtypeGuard> init_dtype;
+    if (tc.precision) init_dtype = make_precision_plugin(*tc.precision)->module_init_context();
     model = SchNet(so);
   } catch (const std::invalid_argument& e) {
     throw ConfigError(std::string("model: ") + e.what());

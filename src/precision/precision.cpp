@@ -52,7 +52,8 @@ void set_autocast_dtype(at::DeviceType t, at::ScalarType d) {
 }  // namespace
 
 PrecisionMode parse_precision(const std::string& text) {
-  const std::string t = lower(text);
+  std::string t = lower(text);
+  if (t.rfind("torch.", 0) == 0) t = t.substr(6);
   if (t == "64-true" || t == "64" || t == "fp64" || t == "float64" || t == "double")
     return PrecisionMode::k64True;
   if (t == "32-true" || t == "32" || t == "fp32" || t == "float32" || t == "float")
@@ -231,7 +232,32 @@ void PrecisionPlugin::load_state_dict(const std::map<std::string, double>& state
   }
 }
 
-void PrecisionPlugin::teardown() { scaler_.reset(); }
+void PrecisionPlugin::teardown() {
+  if (!scaler_) return;
+  if (scaler_->is_enabled()) pending_state_ = scaler_->state_dict();
+  scaler_.reset();
+}
+
+Batch keep_geometry_float32(Batch batch) {
+  for (at::Tensor* t : {&batch.positions, &batch.cell, &batch.shifts}) {
+    if (t->defined() && (t->scalar_type() == at::kHalf || t->scalar_type() == at::kBFloat16)) {
+      *t = t->to(at::kFloat);
+    }
+  }
+  return batch;
+}
+
+PrecisionMode precision_from_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return PrecisionMode::k32True;
+    case at::kBFloat16: return PrecisionMode::kBf16Mixed;
+    case at::kHalf: return PrecisionMode::k16Mixed;
+    case at::kDouble: return PrecisionMode::k64True;
+    default: break;
+  }
+  throw ConfigError(std::string("precision dtype must be one of float32, bfloat16, float16, "
+                                "float64, got ") + c10::toString(dtype));
+}
 
 std::unique_ptr<PrecisionPlugin> make_precision_plugin(const std::string& mode,
                                                        GradScalerOptions scaler_options) {

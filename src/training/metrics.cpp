@@ -1,5 +1,7 @@
 #include "crucible/training/metrics.h"
 
+#include "crucible/precision/precision.h"
+
 #include <algorithm>
 
 #include <cmath>
@@ -197,12 +199,16 @@ ValidationSummary evaluate_model(EnergyModel& model, const AtomicDataset& datase
   const int64_t bs = std::max<int64_t>(1, options.batch_size);
   for (int64_t begin = 0; begin < n; begin += bs) {
     std::vector<int64_t> idx(mine.begin() + begin, mine.begin() + std::min(n, begin + bs));
-    Batch batch = dataset.collate(idx).to(device, options.dtype);
+    Batch batch = options.precision
+                      ? keep_geometry_float32(options.precision->convert_input(dataset.collate(idx), device))
+                      : dataset.collate(idx).to(device, options.dtype);
     ComputeOptions co;
     co.forces = true;
     co.stress = options.stress && batch.has_stress.any().item<bool>();
     co.training = false;
-    acc.add(compute_outputs(model, batch, co), batch);
+    ModelOutputs out = compute_outputs(model, batch, co);
+    if (options.precision) out = options.precision->convert_output(out);
+    acc.add(out, batch);
   }
   module.train(was_training);
   if (sharded) {

@@ -2,6 +2,7 @@
 
 #include "crucible/training/mixed_precision_hook.h"
 
+#include "crucible/common/error.h"
 #include "crucible/models/energy_model.h"
 
 #include <torch/optim/optimizer.h>
@@ -26,6 +27,14 @@ at::Device model_device(const TrainContext& ctx) {
 MixedPrecisionHook::MixedPrecisionHook(const std::string& precision,
                                        GradScalerOptions scaler_options)
     : plugin_(make_precision_plugin(precision, scaler_options)) {}
+
+MixedPrecisionHook::MixedPrecisionHook(at::ScalarType dtype, GradScalerOptions scaler_options)
+    : plugin_(std::make_shared<PrecisionPlugin>(precision_from_dtype(dtype), scaler_options)) {}
+
+MixedPrecisionHook::MixedPrecisionHook(std::shared_ptr<PrecisionPlugin> plugin)
+    : plugin_(std::move(plugin)) {
+  if (!plugin_) throw ConfigError("MixedPrecisionHook needs a precision plugin, got null");
+}
 
 MixedPrecisionHook::~MixedPrecisionHook() = default;
 
@@ -107,7 +116,10 @@ std::unique_ptr<AutocastGuard> MixedPrecisionHook::inference_context(at::Device 
 
 double MixedPrecisionHook::scale() const {
   const GradScaler* s = static_cast<const PrecisionPlugin&>(*plugin_).scaler();
-  return s ? s->get_scale() : 1.0;
+  if (s) return s->get_scale();
+  const auto state = plugin_->state_dict();  // a torn-down scaler's
+  auto it = state.find("scale");
+  return it != state.end() ? it->second : 1.0;
 }
 
 std::map<std::string, at::Tensor> MixedPrecisionHook::hook_state() const {

@@ -114,6 +114,7 @@ TrainingStrategy::TrainingStrategy(std::map<std::string, std::shared_ptr<EnergyM
       if (!options_.precision.empty()) {
         mixed = make_precision_plugin(options_.precision)->autocast_dtype().has_value();
       }
+      if (options_.precision_plugin) mixed = options_.precision_plugin->autocast_dtype().has_value();
       for (const auto& h : flatten_registered_hooks(hooks)) {
         mixed = mixed || std::dynamic_pointer_cast<MixedPrecisionHook>(h) != nullptr;
       }
@@ -139,9 +140,14 @@ TrainingStrategy::TrainingStrategy(std::map<std::string, std::shared_ptr<EnergyM
       return compute_outputs(*primary, b, co);
     };
   }
+  if (!options_.precision.empty() && options_.precision_plugin) {
+    throw ConfigError("set at most one of StrategyOptions::precision ('" + options_.precision +
+                      "') and StrategyOptions::precision_plugin, got both");
+  }
   if (!options_.precision.empty()) {
     precision_ = make_precision_plugin(options_.precision);  // ConfigError on a bad mode
   }
+  if (options_.precision_plugin) precision_ = options_.precision_plugin;
   for (auto& [name, m] : models_) {
     if (precision_) {
       m->module().to(options_.device);
@@ -397,7 +403,7 @@ void TrainingStrategy::ensure_precision_hook() {
     return;
   }
   if (!precision_->autocast_dtype()) return;  // only the mixed modes need the hook
-  register_hook(std::make_shared<MixedPrecisionHook>(options_.precision));
+  register_hook(std::make_shared<MixedPrecisionHook>(precision_));  // drives this plugin
 }
 
 void TrainingStrategy::ensure_data_parallel_hook() {
@@ -485,7 +491,7 @@ void TrainingStrategy::train_batch(const Batch& batch) {
     run_hooks(TrainingStage::SETUP, setup_ctx);  // seed 002: on every call
     ensure_optimizer(options_.num_steps.value_or(0), /*for_run=*/false);
     set_configured_models_training();
-    train_batch_impl(batch.to(options_.device, batch_dtype()));
+    train_batch_impl(convert_batch(batch));
   } catch (...) {
     exit_hooks(true);
     throw;
@@ -502,8 +508,13 @@ void TrainingStrategy::train_batch_impl(const Batch& batch) {
     for (auto& o : optimizers_) o->zero_grad();
   }
   zero_optimizer_filtered_gradients();
+  // Seed 004 forward_context: the MixedPrecisionHook holds it when there is
+  // one; otherwise the strategy's plugin's, from the forward to backward.
+  std::unique_ptr<AutocastGuard> region;
+  if (precision_ && !precision_hook_) region = precision_->forward_context(options_.device);
   run_hooks(TrainingStage::BEFORE_FORWARD, ctx);
   ModelOutputs predictions = training_fn_(ctx.models, batch);
+  if (precision_) predictions = precision_->convert_output(predictions);  // seed 004
   ctx.predictions = &predictions;
   run_hooks(TrainingStage::AFTER_FORWARD, ctx);
   run_hooks(TrainingStage::BEFORE_LOSS, ctx);
@@ -513,10 +524,13 @@ void TrainingStrategy::train_batch_impl(const Batch& batch) {
   ctx.losses = &losses;
   run_hooks(TrainingStage::AFTER_LOSS, ctx);
   run_hooks(TrainingStage::BEFORE_BACKWARD, ctx);
+  region.reset();  // backward runs outside autocast (seed 000)
+  // Seed 004 pre_backward: the MixedPrecisionHook calls it when there is one.
+  if (precision_ && !precision_hook_) ctx.loss = precision_->pre_backward(ctx.loss);
   if (has_do_backward_) {
     run_hooks(TrainingStage::DO_BACKWARD, ctx);
   } else {
-    ctx.loss.backward();
+    plain_backward(ctx.loss);
   }
   // From here on hooks see detached values only.
   LossOutput detached = detach_losses(losses);
@@ -534,8 +548,7 @@ void TrainingStrategy::train_batch_impl(const Batch& batch) {
     run_hooks(TrainingStage::DO_OPTIMIZER_STEP, ctx);
     step_ran = !ctx.optimizer_step_skipped;
   } else {
-    for (auto& o : optimizers_) o->step();
-    step_lr_schedulers(ctx.lr_schedulers);
+    plain_optimizer_step();
   }
   optimizer_step_skipped_ = !step_ran;
   batches_without_step_ = step_ran ? 0 : batches_without_step_ + 1;
@@ -600,11 +613,14 @@ ValidationSummary TrainingStrategy::validate() {
   eo.dtype = batch_dtype();
   eo.stress = true;
   eo.communicator = options_.communicator.get();
+  eo.precision = precision_.get();  // seed 004 convert_input / convert_output
   {
     // Seed 000: validation runs under the hook's inference autocast.
     std::unique_ptr<AutocastGuard> autocast;
     if (v.use_mixed_precision != ValidationPrecision::kNever && precision_hook_) {
       autocast = precision_hook_->inference_context(options_.device);
+    } else if (v.use_mixed_precision != ValidationPrecision::kNever && precision_) {
+      autocast = precision_->forward_context(options_.device);
     } else if (v.use_mixed_precision == ValidationPrecision::kAlways) {
       throw std::logic_error("validation.use_mixed_precision = always, but no "
                              "MixedPrecisionHook is registered");
@@ -675,7 +691,7 @@ void TrainingStrategy::run(DataLoader& given_loader) {
         bool epoch_done = false;
         for (int64_t k = start; k < batches_per_epoch; ++k) {
           if (step_count >= target) break;
-          Batch batch = loader.batch(k).to(options_.device, batch_dtype());
+          Batch batch = convert_batch(loader.batch(k));
           TrainContext ctx = make_context(&batch);
           if (!started) {
             run_hooks(TrainingStage::BEFORE_TRAINING, ctx);
@@ -724,10 +740,12 @@ void TrainingStrategy::run(DataLoader& given_loader) {
   } catch (...) {
     active_dataloader_ = nullptr;
     exit_hooks(true);
+    if (PrecisionPlugin* plugin = precision_plugin()) plugin->teardown();
     throw;
   }
   active_dataloader_ = nullptr;
   exit_hooks(false);
+  if (PrecisionPlugin* plugin = precision_plugin()) plugin->teardown();  // seed 004, last
 }
 
 void TrainingStrategy::prepare_restart_counters(int64_t batches_per_epoch) {
@@ -771,6 +789,28 @@ void TrainingStrategy::prepare_restart_counters(int64_t batches_per_epoch) {
   epoch_count += elapsed / batches_per_epoch;
   epoch_step_count = elapsed % batches_per_epoch;
   batch_count = std::max(batch_count, progress);
+}
+
+Batch TrainingStrategy::convert_batch(const Batch& batch) const {
+  if (!precision_) return batch.to(options_.device, options_.dtype);
+  return keep_geometry_float32(precision_->convert_input(batch, options_.device));
+}
+
+void TrainingStrategy::plain_backward(const at::Tensor& loss) {
+  PrecisionPlugin* plugin = precision_plugin();
+  if (!plugin) {
+    loss.backward();
+    return;
+  }
+  plugin->backward(loss);
+  plugin->post_backward(loss);
+}
+
+void TrainingStrategy::plain_optimizer_step() {
+  PrecisionPlugin* plugin = precision_plugin();
+  std::vector<bool> skipped;
+  for (auto& o : optimizers_) skipped.push_back(plugin ? !plugin->optimizer_step(*o) : (o->step(), false));
+  step_lr_schedulers(lr_schedulers(), skipped);  // seed 001: held where the step was skipped
 }
 
 std::set<const void*> TrainingStrategy::optimizer_owned_parameters() const {

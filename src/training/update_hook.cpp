@@ -1,5 +1,7 @@
 #include "crucible/training/update_hook.h"
 
+#include "crucible/precision/precision.h"
+
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
@@ -158,8 +160,11 @@ bool TrainingUpdateOrchestrator::step(TrainContext& ctx) {
                              std::to_string(report.skipped.size()));
     }
   } else {
-    for (auto* opt : ctx.optimizers) opt->step();
-    report.skipped.assign(ctx.optimizers.size(), false);
+    // Seed 004: the precision plugin steps each optimizer.
+    for (auto* opt : ctx.optimizers) {
+      report.skipped.push_back(ctx.precision ? !ctx.precision->optimizer_step(*opt)
+                                             : (opt->step(), false));
+    }
   }
   // Seed 001: a scheduler steps only if its optimizer's step ran.
   step_lr_schedulers(ctx.lr_schedulers, report.skipped);
@@ -192,7 +197,12 @@ void TrainingUpdateOrchestrator::operator()(TrainContext& ctx, TrainingStage sta
             "TrainingUpdateOrchestrator needs a defined ctx.loss at DO_BACKWARD, got an "
             "undefined tensor");
       }
-      ctx.loss.backward();
+      if (ctx.precision) {  // seed 004: the plugin runs backward
+        ctx.precision->backward(ctx.loss);
+        ctx.precision->post_backward(ctx.loss);
+      } else {
+        ctx.loss.backward();
+      }
       break;
     }
     case TrainingStage::DO_OPTIMIZER_STEP: {
@@ -309,10 +319,17 @@ std::vector<at::Tensor> optimizer_parameters(const TrainContext& ctx) {
   std::set<const void*> seen;
   for (auto* opt : ctx.optimizers) {
     if (!opt) continue;
-    for (const auto& group : opt->param_groups()) {
-      for (const auto& p : group.params()) {
-        if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+    // Seed 004 main_params: the plugin says which tensors the step updates.
+    std::vector<at::Tensor> mine;
+    if (ctx.precision) {
+      mine = ctx.precision->main_params(*opt);
+    } else {
+      for (const auto& group : opt->param_groups()) {
+        for (const auto& p : group.params()) mine.push_back(p);
       }
+    }
+    for (const auto& p : mine) {
+      if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
     }
   }
   return params;

@@ -33,7 +33,8 @@ enum class PrecisionMode { k64True, k32True, kBf16Mixed, k16Mixed, kBf16True, k1
 /// "32-true" | "32" | "fp32" | "float32" | "float" → k32True;
 /// "bf16-mixed" | "bf16" | "bfloat16" → kBf16Mixed (seed 000's bf16);
 /// "16-mixed" | "16" | "fp16" | "float16" | "half" → k16Mixed (seed 000's fp16);
-/// "bf16-true" → kBf16True; "16-true" → k16True.
+/// "bf16-true" → kBf16True; "16-true" → k16True. A "torch." prefix is
+/// accepted (seed 000 spells dtypes "torch.bfloat16").
 /// @throws ConfigError "precision must be one of ..., got '<text>'".
 PrecisionMode parse_precision(const std::string& text);
 
@@ -80,14 +81,22 @@ class PrecisionPlugin {
 
   PrecisionMode mode() const { return mode_; }
   std::string name() const { return precision_name(mode_); }
-  at::ScalarType param_dtype() const;
-  at::ScalarType input_dtype() const;
+  /// Float dtype of the parameters (convert_module, module_init_context).
+  virtual at::ScalarType param_dtype() const;
+  /// Float dtype of batches (positions, cell, shifts, labels): never below
+  /// float32 (the loop casts a lower one back up, see convert_input).
+  virtual at::ScalarType input_dtype() const;
   /// Autocast dtype of the forward, or nullopt when there is no autocast.
-  std::optional<at::ScalarType> autocast_dtype() const;
+  /// A plugin with one gets a MixedPrecisionHook driving it.
+  virtual std::optional<at::ScalarType> autocast_dtype() const;
 
   /// Casts the module's parameters and buffers to param_dtype().
   virtual void convert_module(torch::nn::Module& module) const;
-  /// Casts the batch's float tensors to input_dtype() on `device`.
+  /// Casts the batch's float tensors to input_dtype() on `device`. The
+  /// training loop calls it on every batch (validation too) and casts
+  /// positions, cell and shifts that an override left below float32 back to
+  /// float32 (forces and stress are derivatives w.r.t. them; one widely used
+  /// framework casts every float input and loses them).
   virtual Batch convert_input(const Batch& batch, at::Device device) const;
   /// Casts outputs to at least float32 (float64 stays float64).
   virtual ModelOutputs convert_output(const ModelOutputs& outputs) const;
@@ -121,14 +130,18 @@ class PrecisionPlugin {
   /// Steps `optimizer` (through the scaler under 16-mixed, which skips
   /// non-finite steps and updates its scale). Returns whether the step ran.
   virtual bool optimizer_step(torch::optim::Optimizer& optimizer);
-  /// The parameters the optimizer updates (its own parameters here).
-  std::vector<at::Tensor> main_params(torch::optim::Optimizer& optimizer) const;
+  /// The parameters the optimizer updates (its own parameters here): what
+  /// gradient clipping, spike skipping and gradient averaging iterate over
+  /// (optimizer_parameters in training/update_hook.h).
+  virtual std::vector<at::Tensor> main_params(torch::optim::Optimizer& optimizer) const;
   /// Scaler state ("scale", "_growth_tracker", ...); empty without a scaler.
   std::map<std::string, double> state_dict() const;
   /// @throws std::invalid_argument if the state has no scaler keys under 16-mixed.
   void load_state_dict(const std::map<std::string, double>& state);
-  /// Releases the scaler.
-  void teardown();
+  /// End of a run (TrainingStrategy::run calls it last, also after an
+  /// exception): releases the scaler, keeping its state_dict() (a later
+  /// scaler starts from it, and checkpoints taken after the run hold it).
+  virtual void teardown();
   /// The gradient scaler (16-mixed only; built lazily), or null.
   GradScaler* scaler() { return scaler_.get(); }
   const GradScaler* scaler() const { return scaler_.get(); }
@@ -139,6 +152,16 @@ class PrecisionPlugin {
   std::unique_ptr<GradScaler> scaler_;
   std::optional<std::map<std::string, double>> pending_state_;
 };
+
+/// `batch` with positions, cell and shifts that are below float32 (float16,
+/// bfloat16) cast to float32; everything else unchanged. What the loop
+/// applies after every PrecisionPlugin::convert_input. Never throws.
+Batch keep_geometry_float32(Batch batch);
+
+/// The mode of an autocast / parameter dtype (seed 000's MixedPrecisionHook
+/// takes a dtype): float32 → 32-true, bfloat16 → bf16-mixed, float16 →
+/// 16-mixed, float64 → 64-true. @throws ConfigError for another dtype.
+PrecisionMode precision_from_dtype(at::ScalarType dtype);
 
 /// Builds the plugin for a mode or alias. @throws ConfigError.
 std::unique_ptr<PrecisionPlugin> make_precision_plugin(const std::string& mode,

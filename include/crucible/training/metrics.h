@@ -13,6 +13,8 @@
 
 namespace crucible {
 
+class PrecisionPlugin;
+
 /// Energy, forces and stress errors of a set of structures. Energies per
 /// atom in meV/atom, forces per Cartesian component in meV/Å, stress per
 /// component in meV/Å³. Metrics whose labels are absent are NaN with count 0.
@@ -79,6 +81,10 @@ struct EvaluateOptions {
   int64_t batch_size = 16;   ///< structures per batch. Default 16.
   bool stress = true;        ///< compute stress for periodic structures. Default true.
   at::ScalarType dtype = at::kFloat;  ///< float dtype of the model. Default float32.
+  /// The run's precision plugin (seed 004): when set, each batch goes through
+  /// its convert_input (instead of a cast to `dtype`; geometry kept >=
+  /// float32) and the predictions through its convert_output. Null = none.
+  const PrecisionPlugin* precision = nullptr;
   /// Data-parallel validation: with more than one worker, this worker
   /// evaluates structures rank, rank + size, ... and the sums are
   /// all-reduced (every worker returns the same summary over the whole

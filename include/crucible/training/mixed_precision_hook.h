@@ -55,6 +55,13 @@ class MixedPrecisionHook : public TrainingUpdateHook {
   /// @throws ConfigError for an unknown mode or invalid scaler options.
   explicit MixedPrecisionHook(const std::string& precision,
                               GradScalerOptions scaler_options = {});
+  /// Seed 000's dtype form: float32, bfloat16, float16 (or float64) →
+  /// precision_from_dtype. @throws ConfigError for another dtype.
+  explicit MixedPrecisionHook(at::ScalarType dtype, GradScalerOptions scaler_options = {});
+  /// Drives `plugin` (a user's own PrecisionPlugin subclass, or the
+  /// strategy's: TrainingStrategy shares its plugin with the hook it
+  /// registers). @throws ConfigError if `plugin` is null.
+  explicit MixedPrecisionHook(std::shared_ptr<PrecisionPlugin> plugin);
   ~MixedPrecisionHook() override;
 
   std::string name() const override { return "MixedPrecisionHook(" + plugin_->name() + ")"; }
@@ -89,7 +96,8 @@ class MixedPrecisionHook : public TrainingUpdateHook {
   PrecisionMode mode() const { return plugin_->mode(); }
   /// The 16-mixed scaler, or null (other modes, or before the first DO_BACKWARD).
   GradScaler* scaler() { return plugin_->scaler(); }
-  /// Current loss scale (1.0 without a scaler).
+  /// Current loss scale: the scaler's, or the one a torn-down scaler left
+  /// (PrecisionPlugin::teardown keeps it); 1.0 without either.
   double scale() const;
   /// True while inside an active training autocast region (false for modes
   /// without autocast and for 16-mixed where the backend has no float16 autocast).
@@ -111,7 +119,7 @@ class MixedPrecisionHook : public TrainingUpdateHook {
  private:
   void leave_region();
 
-  std::unique_ptr<PrecisionPlugin> plugin_;
+  std::shared_ptr<PrecisionPlugin> plugin_;
   std::unique_ptr<AutocastGuard> region_;
 };
 

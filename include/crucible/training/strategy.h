@@ -88,6 +88,12 @@ struct StrategyOptions {
   /// first run()/train_batch() unless one is registered already (a
   /// registered one of another mode is a ConfigError then). Issue 3.
   std::string precision;
+  /// A precision plugin object of the caller's own (seed 004; e.g. a
+  /// PrecisionPlugin subclass overriding convert_module or convert_input),
+  /// used exactly as the plugin `precision` names; set at most one of the
+  /// two. A plugin with an autocast_dtype() gets a MixedPrecisionHook that
+  /// drives this same object. Null = none.
+  std::shared_ptr<PrecisionPlugin> precision_plugin;
   /// Data-parallel training (issue 6). With more than one worker the
   /// strategy: sets world_size / global_rank from it; registers a
   /// DataParallelHook (bucket_cap_mb) at the first run()/train_batch()
@@ -386,6 +392,11 @@ class TrainingStrategy {
   // from_checkpoint_dict). @throws std::invalid_argument.
   void prepare_restart_counters(int64_t batches_per_epoch);
   void zero_optimizer_filtered_gradients();
+  // Seed 004 convert_input (geometry kept >= float32), or a cast to options.dtype.
+  Batch convert_batch(const Batch& batch) const;
+  // Backward and optimizer steps when no hook owns them (through the plugin).
+  void plain_backward(const at::Tensor& loss);
+  void plain_optimizer_step();
   // TensorImpl addresses of every parameter an optimizer holds.
   std::set<const void*> optimizer_owned_parameters() const;
   // @throws DataError when `files` hold more or fewer optimizer / scheduler
@@ -417,7 +428,7 @@ class TrainingStrategy {
   NamedTrainingFn training_fn_;
   std::vector<OptimizerEntry> entries_;
   std::optional<std::set<std::string>> optimizer_filter_, trainable_filter_, force_trainable_filter_;
-  std::unique_ptr<PrecisionPlugin> precision_;  ///< from options.precision, or null.
+  std::shared_ptr<PrecisionPlugin> precision_;  ///< options.precision(_plugin), or null.
   std::shared_ptr<MixedPrecisionHook> precision_hook_;
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
   std::vector<std::unique_ptr<LrScheduler>> schedulers_;  ///< paired with optimizers_, null = none
