@@ -510,7 +510,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   summary["epochs_completed"] = strategy.epoch_count;
   summary["steps"] = strategy.step_count;
   if (tc.precision) summary["precision"] = *tc.precision;
-  if (strategy.precision_hook() && strategy.precision_hook()->scaler()) {
+  if (strategy.precision_hook() && strategy.precision_hook()->mode() == PrecisionMode::k16Mixed) {
     summary["grad_scale"] = strategy.precision_hook()->scale();  // final 16-mixed loss scale
   }
   summary["skipped_steps"] = spike_hook ? spike_hook->skipped_steps() : 0;
@@ -550,7 +550,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
                          format_metric(m.forces_mae, m.num_forces, "meV/Å"));
     }
   }
-  if (strategy.precision_hook() && strategy.precision_hook()->scaler()) {
+  if (strategy.precision_hook() && strategy.precision_hook()->mode() == PrecisionMode::k16Mixed) {
     out << fmt::format("  16-mixed gradient scaler: final scale {}\n",
                        strategy.precision_hook()->scale());
   }

@@ -53,6 +53,7 @@ checkpoint::CheckpointEntry save_checkpoint(
     files.push_back(checkpoint::CheckpointFile::from_bytes(name, std::move(bytes)));
   }
   files.push_back(checkpoint::CheckpointFile::from_bytes(kModelsInfoFile, models_info_json(strategy)));
+  files.push_back(checkpoint::CheckpointFile::from_bytes(kStrategySpecFile, strategy.to_spec() + "\n"));
   for (const auto& [name, bytes] : extra_files) {
     files.push_back(checkpoint::CheckpointFile::from_bytes(name, bytes));
   }

@@ -1,5 +1,6 @@
 #include "crucible/training/metrics.h"
 
+#include "crucible/losses/loss.h"
 #include "crucible/precision/precision.h"
 
 #include <algorithm>
@@ -188,6 +189,8 @@ ValidationSummary evaluate_model(EnergyModel& model, const AtomicDataset& datase
   module.train(false);
   FreezeParameters frozen(module);
   MetricsAccumulator acc;
+  std::map<std::string, double> loss_sums;  // "total", "component.<name>": Σ_batches B · L
+  double loss_weight = 0.0;                 // Σ_batches B
   // This worker's structures: all, or every size-th from rank (data parallel).
   Communicator* comm = options.communicator;
   const bool sharded = comm && comm->size() > 1;
@@ -209,6 +212,14 @@ ValidationSummary evaluate_model(EnergyModel& model, const AtomicDataset& datase
     ModelOutputs out = compute_outputs(model, batch, co);
     if (options.precision) out = options.precision->convert_output(out);
     acc.add(out, batch);
+    if (options.loss) {
+      at::NoGradGuard no_grad;
+      const LossOutput lo = (*options.loss)(out, batch);
+      const double w = static_cast<double>(batch.num_graphs());
+      loss_sums["total"] += w * lo.total.item<double>();
+      for (const auto& [k, v] : lo.components) loss_sums["component." + k] += w * v.item<double>();
+      loss_weight += w;
+    }
   }
   module.train(was_training);
   if (sharded) {
@@ -218,8 +229,29 @@ ValidationSummary evaluate_model(EnergyModel& model, const AtomicDataset& datase
     }
     std::sort(types.begin(), types.end());
     acc.allreduce(*comm, types);
+    if (options.loss) {
+      // Every worker has the same terms (one loss): one float64 all-reduce.
+      std::vector<std::string> keys{"total"};
+      for (const auto& [k, w] : options.loss->current_weights()) keys.push_back("component." + k);
+      std::vector<double> values{loss_weight};
+      for (const auto& k : keys) values.push_back(loss_sums[k]);
+      at::Tensor t = at::tensor(values, at::kDouble);
+      comm->allreduce_sum(t);
+      loss_weight = t[0].item<double>();
+      for (size_t i = 0; i < keys.size(); ++i) loss_sums[keys[i]] = t[static_cast<int64_t>(i) + 1].item<double>();
+    }
   }
-  return acc.summary();
+  ValidationSummary summary = acc.summary();
+  if (options.loss && loss_weight > 0) {
+    for (const auto& [k, v] : loss_sums) {
+      if (k == "total") {
+        summary.loss = v / loss_weight;
+      } else {
+        summary.loss_components[k.substr(10)] = v / loss_weight;
+      }
+    }
+  }
+  return summary;
 }
 
 }  // namespace crucible

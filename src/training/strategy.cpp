@@ -9,6 +9,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <exception>
 #include <cmath>
 #include <regex>
 #include <sstream>
@@ -39,7 +40,43 @@ ModelOutputs detach_outputs(const ModelOutputs& in) {
   return out;
 }
 
+/// Runs a plain hook at one stage only (register_hook(hook, stage)).
+class StageBoundHook : public Hook {
+ public:
+  StageBoundHook(std::shared_ptr<Hook> hook, TrainingStage stage)
+      : hook_(std::move(hook)), stage_(stage) {}
+  std::string name() const override { return hook_->name(); }
+  bool runs_on_stage(TrainingStage stage) const override { return stage == stage_; }
+  int64_t frequency() const override { return hook_->frequency(); }
+  void operator()(TrainContext& ctx, TrainingStage stage) override { (*hook_)(ctx, stage); }
+  void enter() override { hook_->enter(); }
+  void exit(bool failed) override { hook_->exit(failed); }
+  void close() override { hook_->close(); }
+  bool requires_update_orchestrator_before(TrainingStage stage) const override {
+    return hook_->requires_update_orchestrator_before(stage);
+  }
+  void validate_registered_hooks(const std::vector<std::shared_ptr<Hook>>& hooks) const override {
+    hook_->validate_registered_hooks(hooks);
+  }
+  std::map<std::string, at::Tensor> hook_state() const override { return hook_->hook_state(); }
+  void load_hook_state(const std::map<std::string, at::Tensor>& state) override {
+    hook_->load_hook_state(state);
+  }
+
+ private:
+  std::shared_ptr<Hook> hook_;
+  TrainingStage stage_;
+};
+
 }  // namespace
+
+ModelOutputs default_training_fn(EnergyModel& model, const Batch& batch, bool forces, bool stress) {
+  ComputeOptions co;
+  co.forces = forces;
+  co.stress = stress && batch.has_stress.defined() && batch.has_stress.any().item<bool>();
+  co.training = true;
+  return compute_outputs(model, batch, co);
+}
 
 ValidationPrecision parse_validation_precision(const std::string& text) {
   if (text == "auto") return ValidationPrecision::kAuto;
@@ -133,11 +170,7 @@ TrainingStrategy::TrainingStrategy(std::map<std::string, std::shared_ptr<EnergyM
     EnergyModel* primary = model_.get();
     training_fn_ = [forces, stress, primary](const std::map<std::string, EnergyModel*>&,
                                              const Batch& b) {
-      ComputeOptions co;
-      co.forces = forces;
-      co.stress = stress && b.has_stress.any().item<bool>();
-      co.training = true;
-      return compute_outputs(*primary, b, co);
+      return default_training_fn(*primary, b, forces, stress);
     };
   }
   if (!options_.precision.empty() && options_.precision_plugin) {
@@ -260,6 +293,50 @@ void TrainingStrategy::register_hook(std::shared_ptr<Hook> hook) {
   auto candidate = hooks_;
   candidate.push_back(std::move(hook));
   install_hooks(std::move(candidate));
+}
+
+void TrainingStrategy::register_hook(std::shared_ptr<Hook> hook, TrainingStage stage) {
+  if (!hook) throw ConfigError("hooks must not contain null, got a null hook");
+  if (std::dynamic_pointer_cast<TrainingUpdateHook>(hook) ||
+      std::dynamic_pointer_cast<TrainingUpdateOrchestrator>(hook)) {
+    throw ConfigError("register_hook(hook, stage): '" + hook->name() +
+                      "' is an update hook or orchestrator, which declares its own stages; "
+                      "register it without a stage");
+  }
+  register_hook(std::make_shared<StageBoundHook>(std::move(hook), stage));
+}
+
+void TrainingStrategy::close() {
+  std::exception_ptr first;
+  for (const auto& h : registered_hooks()) {
+    if (closed_.count(h.get()) > 0) continue;
+    closed_.insert(h.get());
+    try {
+      h->close();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (PrecisionPlugin* plugin = precision_plugin()) plugin->teardown();
+  if (first) std::rethrow_exception(first);
+}
+
+std::string TrainingStrategy::model_name_of_primary() const {
+  for (const auto& [name, m] : models_) {
+    if (m == model_) return name;
+  }
+  return "main";
+}
+
+void TrainingStrategy::set_inference_model(std::shared_ptr<EnergyModel> model,
+                                           const std::string& model_key) {
+  if (models_.count(model_key) == 0) {
+    std::string names;
+    for (const auto& [n, m] : models_) names += (names.empty() ? "" : ", ") + n;
+    throw ConfigError("set_inference_model: model_key must name a model (" + names + "), got '" +
+                      model_key + "'");
+  }
+  inference_models_[model_key] = std::move(model);
 }
 
 void TrainingStrategy::install_hooks(std::vector<std::shared_ptr<Hook>> hooks) {
@@ -625,9 +702,14 @@ ValidationSummary TrainingStrategy::validate() {
       throw std::logic_error("validation.use_mixed_precision = always, but no "
                              "MixedPrecisionHook is registered");
     }
-    const bool use_inference = v.use_ema && inference_model_ != nullptr;
+    if (v.compute_loss) {
+      loss_.set_progress(step_count, epoch_count);
+      eo.loss = &loss_;
+    }
+    const std::shared_ptr<EnergyModel> inference = inference_model();
+    const bool use_inference = v.use_ema && inference != nullptr;
     last_validation_ =
-        evaluate_model(use_inference ? *inference_model_ : *model_, *v.data, options_.device, eo);
+        evaluate_model(use_inference ? *inference : *model_, *v.data, options_.device, eo);
     last_validation_->inference_model = use_inference;
   }
   TrainContext ctx = make_context(nullptr);

@@ -22,10 +22,15 @@ namespace crucible {
 /// "elements": [Z...], "num_parameters": n}}. same_models_validator reads it.
 inline constexpr const char* kModelsInfoFile = "models.json";
 
+/// Name of the file, in every checkpoint, with the strategy's declarative
+/// options (TrainingStrategy::to_spec(); seed 002's checkpoint spec), read
+/// by TrainingStrategy::load_checkpoint.
+inline constexpr const char* kStrategySpecFile = "strategy.json";
+
 /// models.json's text for `strategy` (see kModelsInfoFile). Never throws.
 std::string models_info_json(const TrainingStrategy& strategy);
 
-/// Writes `strategy.state_files()` plus models.json (and `extra_files`,
+/// Writes `strategy.state_files()` plus models.json, strategy.json (and `extra_files`,
 /// e.g. the recipe as "recipe.json") as checkpoint `index` (-1 appends),
 /// with the counters (step, epoch, batch, epoch_step, global_step) and, when
 /// `metric` names a ValidationSummary::as_map() key and a validation exists,

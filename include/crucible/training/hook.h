@@ -93,6 +93,10 @@ class Hook {
   virtual void enter() {}
   /// Called after a run ends; `failed` is true when it ended with an exception.
   virtual void exit(bool failed) { (void)failed; }
+  /// Called once by TrainingStrategy::close() (seed 002: hooks with a
+  /// close() are closed when the strategy is): release files, handles.
+  /// Default: nothing.
+  virtual void close() {}
   /// True if this hook must run after the update orchestrator at `stage`
   /// (it observes post-step state, e.g. EMA).
   virtual bool requires_update_orchestrator_before(TrainingStage stage) const {

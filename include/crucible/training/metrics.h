@@ -8,12 +8,14 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 
 namespace crucible {
 
 class PrecisionPlugin;
+class WeightedSumLoss;
 
 /// Energy, forces and stress errors of a set of structures. Energies per
 /// atom in meV/atom, forces per Cartesian component in meV/Å, stress per
@@ -42,6 +44,13 @@ struct ValidationSummary : ErrorMetrics {
   /// True when the strategy evaluated its inference model (EMA weights)
   /// rather than the live training model.
   bool inference_model = false;
+  /// The training loss on these structures (EvaluateOptions::loss; seed 002
+  /// validates with the loss function): the mean over batches of the total,
+  /// each batch weighted by its structure count, in the loss's units (e.g.
+  /// eV²/atom² + eV²/Å² terms for MSE). NaN when not computed.
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  /// The unweighted terms (LossOutput::components), averaged the same way.
+  std::map<std::string, double> loss_components;
 };
 
 /// Accumulates sums of errors batch by batch, overall and per config_type
@@ -85,6 +94,8 @@ struct EvaluateOptions {
   /// its convert_input (instead of a cast to `dtype`; geometry kept >=
   /// float32) and the predictions through its convert_output. Null = none.
   const PrecisionPlugin* precision = nullptr;
+  /// Also evaluate this loss on every batch (ValidationSummary::loss). Null = no.
+  const WeightedSumLoss* loss = nullptr;
   /// Data-parallel validation: with more than one worker, this worker
   /// evaluates structures rank, rank + size, ... and the sums are
   /// all-reduced (every worker returns the same summary over the whole

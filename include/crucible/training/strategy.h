@@ -52,6 +52,10 @@ struct ValidationConfig {
   bool use_ema = true;
   /// Autocast during validation. Default kAuto.
   ValidationPrecision use_mixed_precision = ValidationPrecision::kAuto;
+  /// Also evaluate the training loss on the validation data (seed 002
+  /// validates with the strategy's loss_fn): ValidationSummary::loss and
+  /// loss_components, at the weights of the current counters. Default true.
+  bool compute_loss = true;
 };
 
 /// Everything a run needs besides the model, loss and data.
@@ -129,6 +133,13 @@ using TrainingFn = std::function<ModelOutputs(EnergyModel& model, const Batch& b
 using NamedTrainingFn =
     std::function<ModelOutputs(const std::map<std::string, EnergyModel*>& models, const Batch& batch)>;
 
+/// Seed 002 default_training_fn: energy, forces when `forces`, and stress
+/// when `stress` and some structure of the batch has a stress label, with
+/// ComputeOptions::training (create_graph, so the loss can train on forces).
+/// Shapes and units as compute_outputs. @throws what the model throws.
+ModelOutputs default_training_fn(EnergyModel& model, const Batch& batch, bool forces = true,
+                                 bool stress = true);
+
 /// The supervised training loop.
 ///
 /// Counters (seed 002): `step_count` advances when the optimizer step ran,
@@ -184,6 +195,54 @@ class TrainingStrategy {
   void register_update_hook(std::shared_ptr<TrainingUpdateHook> hook) {
     register_hook(std::move(hook));
   }
+  /// Seed 002 register_hook(hook, stage): registers a plain hook for
+  /// `stage` only (it runs there, with its own frequency, whatever stages it
+  /// declares; name, enter/exit, state and validation are its own).
+  /// @throws ConfigError for an update hook or orchestrator (they declare
+  ///   their own stages), and as register_hook.
+  void register_hook(std::shared_ptr<Hook> hook, TrainingStage stage);
+
+  /// Seed 002 close(): ends the strategy's use of its resources: calls
+  /// close() on every registered hook once (in registration order) and
+  /// tears the precision plugin down. Idempotent; counters, weights and
+  /// optimizer state stay (state_files() still works). Throws what a hook's
+  /// close() throws, after closing the others.
+  void close();
+
+  /// The declarative options as JSON (seed 002 to_spec_dict; see
+  /// strategy_options_to_spec for the layout). Never throws.
+  std::string to_spec() const;
+  /// Seed 002 from_spec_dict: a strategy from to_spec() text plus the
+  /// runtime pieces (`runtime` supplies device, communicator, validation
+  /// data, a precision plugin object).
+  /// @throws ConfigError naming the key path for a bad spec, and as the
+  ///   constructor.
+  static std::unique_ptr<TrainingStrategy> from_spec(
+      const std::string& spec, std::map<std::string, std::shared_ptr<EnergyModel>> models,
+      WeightedSumLoss loss, std::vector<std::shared_ptr<Hook>> hooks = {},
+      NamedTrainingFn training_fn = {}, const StrategyOptions& runtime = {});
+
+  /// Seed 002 save_checkpoint: writes state_files() (plus models.json and
+  /// strategy.json = to_spec()) as a new checkpoint in the CheckpointStore at
+  /// `dir` (created if missing; atomic, see checkpoint/checkpoint_store.h).
+  /// Returns its index. @throws as crucible::save_checkpoint (earlier
+  /// checkpoints stay intact).
+  int64_t save_checkpoint(const std::string& dir);
+  /// Seed 002 restore_checkpoint: restores checkpoint `index` of the store
+  /// at `dir` (the newest intact one when unset) into this strategy.
+  /// Returns the index used. @throws DataError as crucible::restore_checkpoint.
+  int64_t restore_checkpoint(const std::string& dir, std::optional<int64_t> index = std::nullopt);
+  /// Seed 002 load_checkpoint: a strategy rebuilt from a checkpoint's
+  /// strategy.json (from_spec with the runtime pieces) with its state
+  /// restored (restore_checkpoint). The models must have the checkpointed
+  /// names and shapes (their weights come from the checkpoint).
+  /// @throws DataError if the checkpoint has no strategy.json or does not
+  ///   fit; ConfigError as from_spec.
+  static std::unique_ptr<TrainingStrategy> load_checkpoint(
+      const std::string& dir, std::map<std::string, std::shared_ptr<EnergyModel>> models,
+      WeightedSumLoss loss, std::vector<std::shared_ptr<Hook>> hooks = {},
+      NamedTrainingFn training_fn = {}, const StrategyOptions& runtime = {},
+      std::optional<int64_t> index = std::nullopt);
 
   /// Trains over `loader` until the step target. Lifecycle (seed 002):
   /// enter hooks; SETUP (hooks may replace the loader through
@@ -353,10 +412,24 @@ class TrainingStrategy {
   /// `set_inference_model`; EmaHook publishes its averaged copy). It must
   /// live on options().device with the live model's dtype. Null clears it.
   void set_inference_model(std::shared_ptr<EnergyModel> model) {
-    inference_model_ = std::move(model);
+    inference_models_[model_name_of_primary()] = std::move(model);
   }
-  /// The published inference model, or null.
-  std::shared_ptr<EnergyModel> inference_model() const { return inference_model_; }
+  /// Seed 002 set_inference_model(module, model_key): publishes the
+  /// inference copy of the model named `model_key` (a named-model strategy
+  /// may hold one per model; validation evaluates the primary model's).
+  /// Null clears it. @throws ConfigError if no model has that name (listing them).
+  void set_inference_model(std::shared_ptr<EnergyModel> model, const std::string& model_key);
+  /// The published inference model of the primary model, or null.
+  std::shared_ptr<EnergyModel> inference_model() const {
+    return inference_model(model_name_of_primary());
+  }
+  /// The published inference model of `model_key`, or null.
+  std::shared_ptr<EnergyModel> inference_model(const std::string& model_key) const {
+    auto it = inference_models_.find(model_key);
+    return it == inference_models_.end() ? nullptr : it->second;
+  }
+  /// Name of the primary model (model()).
+  std::string model_name_of_primary() const;
   /// The registered MixedPrecisionHook (orchestrator children searched), or null.
   std::shared_ptr<MixedPrecisionHook> precision_hook() const { return precision_hook_; }
   /// The run's precision plugin: the registered MixedPrecisionHook's, else the
@@ -432,7 +505,7 @@ class TrainingStrategy {
   std::shared_ptr<MixedPrecisionHook> precision_hook_;
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
   std::vector<std::unique_ptr<LrScheduler>> schedulers_;  ///< paired with optimizers_, null = none
-  std::shared_ptr<EnergyModel> inference_model_;
+  std::map<std::string, std::shared_ptr<EnergyModel>> inference_models_;  ///< by model name
   std::map<std::string, std::string> pending_state_;  ///< optimizer files awaiting the optimizers
   /// World size of a restored checkpoint when it differs from this run's.
   std::optional<int64_t> saved_world_size_;
@@ -444,6 +517,7 @@ class TrainingStrategy {
   /// (applied again when run() rebuilds the optimizers).
   std::map<std::string, std::string> restored_state_;
   DataLoader* active_dataloader_ = nullptr;
+  std::set<const Hook*> closed_;  ///< hooks close() has closed
   bool has_do_optimizer_step_ = false;
   bool optimizer_step_skipped_ = false;
   int64_t batches_without_step_ = 0;  // consecutive batches whose step did not run
