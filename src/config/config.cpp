@@ -561,12 +561,14 @@ std::vector<Key> build_schema() {
                [](Config& c) -> void* { return &c.training.loss.stress_weight_final; }),
            0.0);
   min_incl(add("training.validate_every_n_epochs", Kind::kInt, "",
-               "Validate after every n-th epoch; 0 = only once, after training.",
+               "Validate after every n-th epoch; 0 = only once, after training. Not used "
+               "when training.validate_every_n_steps > 0 (the step cadence takes precedence, "
+               "as in the reference design).",
                [](Config& c) -> void* { return &c.training.validate_every_n_epochs; }),
            0.0);
   min_incl(add("training.validate_every_n_steps", Kind::kInt, "",
-               "Also validate every n-th optimizer step (not on a step a hook skipped); 0 = "
-               "off.",
+               "Validate every n-th optimizer step (not on a step a hook skipped) instead of "
+               "every n epochs; 0 = off (the epoch cadence applies).",
                [](Config& c) -> void* { return &c.training.validate_every_n_steps; }),
            0.0);
   add("training.validate_with_mixed_precision", Kind::kString, "",

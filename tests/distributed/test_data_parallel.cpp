@@ -141,6 +141,49 @@ TEST(DataParallel, AnInfGradientOnOneWorkerSkipsTheStepOnEvery) {
   EXPECT_TRUE(std::isfinite(models[0]->a.item<double>()));
 }
 
+// Issue 14: with mixed labels, one worker's batches may hold no stress
+// label while the other's do; both train (the stress term is 0 there and its
+// missing prediction no error), average the same gradients and stay equal.
+TEST(DataParallel, WorkersWithAndWithoutStressLabelsTrainTogether) {
+  // Even indices periodic with stress, odd molecules: without shuffling,
+  // rank 0 takes every periodic frame and rank 1 every molecule.
+  auto data = std::make_shared<AtomicDataset>(testing::mixed_stress_structures(8), 4.0);
+  const int port = free_local_port();
+  std::vector<ToyModel> models{ToyModel(0.5, 1.0, 0.0), ToyModel(0.5, 1.0, 0.0)};
+  std::vector<int64_t> steps(2);
+  std::vector<std::string> reasons(2);
+  std::vector<int64_t> stress_labelled(2);
+  auto worker = [&](int rank) {
+    auto o = sgd_options(4);
+    o.communicator = connect(rank, 2, port);
+    TrainingStrategy s(models[rank].ptr(), o, testing::energy_forces_stress_loss());
+    s.register_hook(std::make_shared<LambdaHook>(
+        "count", std::set<TrainingStage>{TrainingStage::BEFORE_BATCH},
+        [&, rank](TrainContext& ctx, TrainingStage) {
+          stress_labelled[rank] += ctx.batch->has_stress.sum().item<int64_t>();
+        }));
+    DataLoaderOptions lo{1, false, 0, false};
+    lo.num_replicas = 2;
+    lo.rank = rank;
+    DataLoader loader(data, lo);
+    s.run(loader);
+    steps[rank] = s.step_count;
+    reasons[rank] = s.stop_reason();
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(stress_labelled[0], 4);  // every batch of rank 0 has a stress
+  EXPECT_EQ(stress_labelled[1], 0);  // none of rank 1's
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(steps[r], 4) << "rank " << r;
+    EXPECT_EQ(reasons[r], "") << "rank " << r;
+  }
+  EXPECT_TRUE(models[0]->a.equal(models[1]->a));
+  EXPECT_TRUE(models[0]->b.equal(models[1]->b));
+  EXPECT_NE(models[0]->a.item<double>(), 0.5);
+}
+
 /// Records which structures (by the x of their second atom, unique here)
 /// each batch of epoch 0 held.
 class SeenHook : public Hook {

@@ -419,5 +419,44 @@ TEST(RestoreChecks, MoreOrFewerOptimizerOrSchedulerStatesAreRefused) {
   EXPECT_NO_THROW(same.restore_state_files(files));
 }
 
+// ---------------------------------------------------------------- 7. mixed labels
+
+// Batches in which no structure has a stress label train and validate with
+// that term at 0, in every precision mode (batch size 1 alternates between
+// periodic frames with stress and molecules without).
+TEST(MixedLabels, BatchesWithoutStressTrainAndValidateInEveryPrecisionMode) {
+  auto data = std::make_shared<AtomicDataset>(testing::mixed_stress_structures(6), 4.0);
+  for (const char* mode : {"64-true", "32-true", "bf16-mixed", "16-mixed"}) {
+    SCOPED_TRACE(mode);
+    ToyModel model(1.0, 1.0, 0.0);
+    StrategyOptions o = steps_options(6, mode);
+    ValidationConfig vc;
+    vc.data = data;
+    vc.batch_size = 1;
+    vc.every_n_steps = 2;
+    o.validation = vc;
+    TrainingStrategy s(model.ptr(), o, testing::energy_forces_stress_loss());
+    std::vector<double> stress_terms;
+    s.register_hook(std::make_shared<LambdaHook>(
+        "stress", std::set<TrainingStage>{TrainingStage::AFTER_LOSS},
+        [&](TrainContext& ctx, TrainingStage) {
+          stress_terms.push_back(ctx.losses->components.at("stress").item<double>());
+        }));
+    DataLoader loader(data, DataLoaderOptions{1, false, 0, false});
+    s.run(loader);
+    EXPECT_EQ(s.stop_reason(), "");
+    EXPECT_EQ(s.step_count, 6);
+    ASSERT_EQ(stress_terms.size(), 6u);
+    for (size_t k = 0; k < 6; ++k) {
+      if (k % 2 == 1) EXPECT_EQ(stress_terms[k], 0.0) << k;  // a molecule
+      if (k % 2 == 0) EXPECT_GT(stress_terms[k], 0.0) << k;  // a periodic frame
+    }
+    ASSERT_TRUE(s.last_validation());
+    EXPECT_TRUE(std::isfinite(s.last_validation()->stress_mae));
+    EXPECT_EQ(s.last_validation()->num_stresses, 27);  // 3 periodic frames × 9
+    EXPECT_TRUE(std::isfinite(s.last_validation()->loss));
+  }
+}
+
 }  // namespace
 }  // namespace crucible

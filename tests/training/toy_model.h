@@ -73,9 +73,41 @@ inline std::vector<Structure> toy_structures(int n, uint64_t seed) {
   return out;
 }
 
+/// `n` structures alternating between periodic ones (even index: 3-4 atoms
+/// in a 4.5 Å cubic cell, pbc, with energy, forces and stress from the toy
+/// truth) and molecules without a stress label (odd index, as
+/// toy_structures): mixed-label data as in MOF or MACE regression sets.
+inline std::vector<Structure> mixed_stress_structures(int n, uint64_t seed = 3) {
+  std::vector<Structure> out = toy_structures(n, seed);
+  ToyModel truth(2.0, 1.5, -0.3);
+  for (int s = 0; s < n; s += 2) {
+    Structure& st = out[s];
+    st.cell = 4.5 * at::eye(3, at::kDouble);
+    st.pbc = {true, true, true};
+    AtomicDataset one({st}, truth->cutoff());
+    auto b = one.collate({0});
+    ComputeOptions co;
+    co.stress = true;
+    auto o = compute_outputs(*truth, b, co);
+    st.energy = o.energy.item<double>();
+    st.forces = o.forces.detach().clone();
+    st.stress = o.stress.detach()[0].clone();
+  }
+  return out;
+}
+
 /// `n` toy structures (see toy_structures) with neighbor lists at 4 Å.
 inline std::shared_ptr<AtomicDataset> toy_dataset(int n, uint64_t seed = 1) {
   return std::make_shared<AtomicDataset>(toy_structures(n, seed), 4.0);
+}
+
+/// Energy MSE (per atom, weight 1) + forces MSE (weight 10) + stress MSE (weight 100).
+inline WeightedSumLoss energy_forces_stress_loss() {
+  WeightedSumLoss loss;
+  loss.add(std::make_shared<EnergyMSELoss>(), 1.0);
+  loss.add(std::make_shared<ForcesMSELoss>(), 10.0);
+  loss.add(std::make_shared<StressMSELoss>(), 100.0);
+  return loss;
 }
 
 /// Energy MSE (per atom, weight 1) + forces MSE (weight 10).

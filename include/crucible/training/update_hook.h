@@ -72,8 +72,9 @@ struct OptimizerStepReport {
 };
 
 /// The parameters of every optimizer in `ctx.optimizers` (null entries
-/// skipped), each once, in optimizer / param-group order; defined tensors
-/// only. What gradient clipping, spike skipping and gradient averaging
+/// skipped), each once, in optimizer / param-group order (through
+/// `ctx.precision->main_params()` when the run has a plugin, seed 004);
+/// defined tensors only. What gradient clipping, spike skipping and gradient averaging
 /// iterate over. Never throws.
 std::vector<at::Tensor> optimizer_parameters(const TrainContext& ctx);
 
@@ -169,12 +170,15 @@ class LambdaUpdateHook : public TrainingUpdateHook {
 ///   veto wins); unless vetoed, `zero_grad()` on every optimizer in
 ///   `ctx.optimizers` (gradient accumulation vetoes to keep gradients).
 /// - DO_BACKWARD: the loss is threaded through the children (each sees
-///   `ctx.loss` as its predecessor returned it), then `backward()` runs once
-///   on the final `ctx.loss`. A ×0.5 hook followed by a ×2 hook leaves the
+///   `ctx.loss` as its predecessor returned it), then backward runs once
+///   on the final `ctx.loss`: `ctx.precision->backward()` and
+///   `post_backward()` when the run has a precision plugin (seed 004), else
+///   `ctx.loss.backward()`. A ×0.5 hook followed by a ×2 hook leaves the
 ///   loss, hence the gradients, unchanged.
 /// - DO_OPTIMIZER_STEP: gating as on BEFORE_BATCH; unless vetoed, the
 ///   optimizers step (through the owning child's `step_optimizers()` if one
-///   owns the step, else `step()` on each) and then `ctx.lr_schedulers` through
+///   owns the step, else `ctx.precision->optimizer_step()` on each, or
+///   `step()` without a plugin) and then `ctx.lr_schedulers` through
 ///   step_lr_schedulers: only the per-step scheduler of an optimizer whose
 ///   step ran (metric-driven ones never step here). Sets
 ///   `optimizer_step_skipped()` and `ctx.optimizer_step_skipped` to true if
