@@ -201,8 +201,10 @@ int run(int argc, char** argv) {
     }
     std::string command_line;
     for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + shell_quote(argv[i]);
-    run_training(config, std::cout, std::cerr, command_line, resume);
-    return 0;
+    const TrainResult r = run_training(config, std::cout, std::cerr, command_line, resume);
+    // Stopped by SIGINT / SIGTERM: 128 + signal (130 / 143), as a shell reports it.
+    if (r.stopped) return kExitSignalBase + r.signal;
+    return kExitOk;
   }
   if (evaluate->parsed()) {
     auto add = [&](const std::string& key, const std::string& v) {
@@ -254,29 +256,29 @@ int run_cli(int argc, char** argv) {
     return run(argc, argv);
   } catch (const ConfigError& e) {
     std::cerr << kPrefix << e.what() << "\n";
-    return 1;
+    return kExitBadInput;
   } catch (const DataError& e) {
     std::cerr << kPrefix << e.what() << "\n";
-    return 1;
+    return kExitBadInput;
   } catch (const DistributedError& e) {
     std::cerr << kPrefix << e.what() << "\n";
-    return 1;
+    return kExitBadInput;
   } catch (const TrainingError& e) {
     std::cerr << kPrefix << e.what() << "\n";
-    return 3;
+    return kExitTrainingFault;
   } catch (const YAML::Exception& e) {
     // Normally translated by the config loader; this is the safety net.
     std::cerr << kPrefix << "invalid YAML at line " << e.mark.line + 1 << ": " << e.msg << "\n";
-    return 1;
+    return kExitBadInput;
   } catch (const c10::Error& e) {
     std::cerr << "crucible: internal error: " << e.what_without_backtrace() << "\n";
-    return 2;
+    return kExitInternal;
   } catch (const std::exception& e) {
     std::cerr << "crucible: internal error: " << e.what() << "\n";
-    return 2;
+    return kExitInternal;
   } catch (...) {
     std::cerr << "crucible: internal error: unknown exception\n";
-    return 2;
+    return kExitInternal;
   }
 }
 

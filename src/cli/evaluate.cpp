@@ -6,6 +6,7 @@
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
+#include "crucible/data/structure_checks.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -54,6 +55,7 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
 
   const std::string path = resolve_data_path(req.data_file, "--data");
   std::vector<Structure> structures = read_extxyz(path, extxyz_options(d));
+  check_structures(structures, "--data");
   if (structures.empty()) {
     throw DataError(path + ": --data must contain at least one structure, got none");
   }

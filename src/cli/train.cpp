@@ -5,6 +5,7 @@
 #include "crucible/cli/learning_curve.h"
 #include "crucible/cli/metrics_log.h"
 #include "crucible/cli/progress.h"
+#include "crucible/cli/run_lock.h"
 #include "crucible/cli/training_setup.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
@@ -37,6 +38,8 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <thread>
 #include <set>
 #include <sstream>
 
@@ -56,7 +59,8 @@ std::string timestamp() {
   return buf;
 }
 
-/// The run directory to use; refuses finished or non-empty ones unless overwrite.
+/// The run directory to use (runs/<timestamp> when unset); nothing in it is
+/// looked at yet. @throws ConfigError if it names an existing file.
 fs::path choose_run_dir(const OutputConfig& o) {
   if (!o.run_dir) {
     const fs::path base = fs::path("runs") / timestamp();
@@ -65,23 +69,41 @@ fs::path choose_run_dir(const OutputConfig& o) {
     return p;
   }
   const fs::path p(*o.run_dir);
-  if (!fs::exists(p)) return p;
-  if (!fs::is_directory(p)) {
+  if (fs::exists(p) && !fs::is_directory(p)) {
     throw ConfigError("output.run_dir must be a directory, got '" + p.string() +
                       "', which is an existing file");
   }
-  if (o.overwrite) return p;
-  if (fs::exists(p / "summary.json")) {
+  return p;
+}
+
+/// True when `dir` holds a finished run: a summary.json that parses as a
+/// JSON object (summary.json is written last and atomically; an empty or
+/// torn one, e.g. copied by hand or cut by a full disk, is not a finish).
+bool finished_run(const fs::path& dir) {
+  std::ifstream in(dir / "summary.json");
+  if (!in) return false;
+  try {
+    const json j = json::parse(in);
+    return j.is_object() && j.contains("steps");
+  } catch (const json::exception&) {
+    return false;
+  }
+}
+
+/// Under the run-directory lock: refuses a finished or non-empty directory
+/// unless output.overwrite.
+void check_run_dir(const fs::path& p, const OutputConfig& o) {
+  if (o.overwrite) return;
+  if (finished_run(p)) {
     throw ConfigError("output.run_dir '" + p.string() +
                       "' holds a finished run (summary.json exists); choose another "
                       "output.run_dir or set output.overwrite=true to replace it");
   }
-  if (!fs::is_empty(p)) {
+  if (!run_dir_is_empty(p)) {
     throw ConfigError("output.run_dir '" + p.string() +
                       "' exists and is not empty (an unfinished run?); choose another "
                       "output.run_dir or set output.overwrite=true");
   }
-  return p;
 }
 
 // Writes and removes a 1 MiB file in `dir` (with fsync): an unwritable,
@@ -173,10 +195,45 @@ std::string format_metric(double v, int64_t count, const char* unit, int precisi
 
 }  // namespace
 
+/// `p` (which exists) must be a regular file. @throws DataError naming `key`.
+void require_regular_file(const fs::path& p, const std::string& key, const std::string& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  const std::string what = key + " file '" + path + "'";
+  if (ec) throw DataError(what + " cannot be read (" + ec.message() + ")");
+  switch (st.type()) {
+    case fs::file_type::regular: return;
+    case fs::file_type::directory:
+      throw DataError(what + " is a directory; data files are extended-XYZ files (.xyz, .extxyz) "
+                      "and no format reads a directory: pass one file");
+    case fs::file_type::fifo:
+      throw DataError(what + " is a FIFO (named pipe); data files must be regular files");
+    case fs::file_type::character:
+    case fs::file_type::block:
+      throw DataError(what + " is a device; data files must be regular files");
+    default:
+      throw DataError(what + " is not a regular file (a socket or other special file)");
+  }
+}
+
+/// True if `p` exists; a symlink loop or an unreadable path is a DataError
+/// naming `key` (fs::exists would throw an internal filesystem_error).
+bool data_path_exists(const fs::path& p, const std::string& key, const std::string& path) {
+  std::error_code ec;
+  const bool found = fs::exists(p, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    throw DataError(key + " file '" + path + "' cannot be read (" + ec.message() + ")");
+  }
+  return found;
+}
+
 std::string resolve_data_path(const std::string& path, const std::string& key) {
   const fs::path p(path);
   std::vector<std::string> tried;
-  if (fs::exists(p)) return fs::absolute(p).lexically_normal().string();
+  if (data_path_exists(p, key, path)) {
+    require_regular_file(p, key, path);
+    return fs::absolute(p).lexically_normal().string();
+  }
   tried.push_back(fs::absolute(p).lexically_normal().string());
 #ifdef CRUCIBLE_DATA_DIR
   if (p.is_relative()) {
@@ -184,7 +241,10 @@ std::string resolve_data_path(const std::string& path, const std::string& key) {
     if (it != p.end() && it->string() == "data") {
       fs::path alt(CRUCIBLE_DATA_DIR);
       for (++it; it != p.end(); ++it) alt /= *it;
-      if (fs::exists(alt)) return alt.lexically_normal().string();
+      if (data_path_exists(alt, key, path)) {
+        require_regular_file(alt, key, path);
+        return alt.lexically_normal().string();
+      }
       tried.push_back(alt.lexically_normal().string());
     }
   }
@@ -237,14 +297,22 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   const auto& ema_hook = setup.ema_hook;
 
   fs::path run_dir;
+  // Issue 15: one writer per run directory, for the whole command, taken
+  // before anything in the directory is checked or removed.
+  std::optional<RunDirLock> lock;
   if (resume.resume) {
     if (!config.output.run_dir) throw ConfigError("--resume needs a run directory, got none");
     run_dir = *config.output.run_dir;
+    if (!fs::is_directory(run_dir)) {
+      throw ConfigError("--resume " + run_dir.string() + ": must be a run directory with "
+                        "config.yaml and checkpoints/, got no such directory");
+    }
+    if (writer) lock.emplace(run_dir);
     if (!fs::exists(run_dir / "config.yaml") || !fs::exists(run_dir / "checkpoints")) {
       throw ConfigError("--resume " + run_dir.string() + ": must be a run directory with "
                         "config.yaml and checkpoints/, got neither or only one");
     }
-    if (fs::exists(run_dir / "summary.json")) {
+    if (finished_run(run_dir)) {
       throw ConfigError("--resume " + run_dir.string() + ": the run finished (summary.json "
                         "exists); nothing to resume");
     }
@@ -258,6 +326,8 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
     }
   } else if (writer) {
     run_dir = choose_run_dir(config.output);
+    lock.emplace(run_dir);
+    check_run_dir(run_dir, config.output);
   } else {
     run_dir = config.output.run_dir.value_or("");  // never written by this rank
   }
@@ -415,6 +485,15 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
           if (ctx.batch_count == n) std::raise(SIGTERM);
         }));
   }
+  // ... a slow run (the run-directory lock tests): sleep N ms after each batch.
+  if (const char* ms = std::getenv("CRUCIBLE_FAULT_SLEEP_MS_PER_BATCH")) {
+    const int64_t n = std::atoll(ms);
+    strategy.register_hook(std::make_shared<LambdaHook>(
+        "fault injection", std::set<TrainingStage>{TrainingStage::AFTER_BATCH},
+        [n](TrainContext&, TrainingStage) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(n));
+        }));
+  }
   // ... a full disk from batch N on: writes of more than 4 KiB fail (EFBIG).
   if (const char* at = std::getenv("CRUCIBLE_FAULT_FILE_SIZE_LIMIT_AT_BATCH")) {
     const int64_t n = std::atoll(at);
@@ -455,9 +534,16 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
         run_dir.string()));
   }
   if (strategy.stopped_early()) {  // a signal here or on another worker
-    out << fmt::format("stopped by a signal after step {} (epoch {}); checkpoint written to {}\n"
+    // The epoch as the progress lines number it (1-based, the one running).
+    const std::string where =
+        strategy.epoch_step_count > 0
+            ? fmt::format("epoch {}, batch {} of {}", strategy.epoch_count + 1,
+                          strategy.epoch_step_count, loader.size())
+            : fmt::format("end of epoch {}", strategy.epoch_count);
+    const int sig = ckpt_hook->signal_number() ? ckpt_hook->signal_number() : SIGTERM;
+    out << fmt::format("stopped by a signal after step {} ({}); checkpoint written to {}\n"
                        "resume with: crucible train --resume {}\n",
-                       strategy.step_count, strategy.epoch_count, (run_dir / "checkpoints").string(),
+                       strategy.step_count, where, (run_dir / "checkpoints").string(),
                        run_dir.string());
     out.flush();
     TrainResult stopped;
@@ -465,6 +551,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
     stopped.steps = strategy.step_count;
     stopped.epochs = strategy.epoch_count;
     stopped.stopped = true;
+    stopped.signal = sig;
     return stopped;
   }
   if (!jsonl->curve_error().empty()) {

@@ -3,8 +3,10 @@
 #include "crucible/cli/training_setup.h"
 
 #include "crucible/cli/commands.h"
+#include "crucible/cli/resource_limits.h"
 #include "crucible/common/error.h"
 #include "crucible/data/extxyz.h"
+#include "crucible/data/structure_checks.h"
 #include "crucible/losses/loss.h"
 #include "crucible/training/gradient_accumulation.h"
 #include "crucible/training/gradient_clipping.h"
@@ -25,6 +27,7 @@ std::vector<Structure> read_file(const std::string& path, const DataConfig& d,
   if (s.empty()) {
     throw DataError(path + ": " + key + " must contain at least one structure, got none");
   }
+  check_structures(s, key);  // issue 15: atoms, coordinates, cells, distances, energies
   return s;
 }
 
@@ -84,6 +87,10 @@ TrainingSetup build_training(const Config& input_config,
       tc.precision ? (*tc.precision == "64-true" ? at::kDouble : at::kFloat)
                    : (tc.dtype == "float64" ? at::kDouble : at::kFloat);
   const std::string dtype_name = dtype == at::kDouble ? "float64" : "float32";
+  // Issue 15: bounds checked from the key values before anything is allocated.
+  check_thread_count(tc.num_threads);
+  const int64_t available = available_memory_bytes();
+  check_model_size(config.model, available);
   if (tc.num_threads > 0) at::set_num_threads(static_cast<int>(tc.num_threads));
 
   // ---- data: read and check everything before touching the run directory.
@@ -204,6 +211,10 @@ TrainingSetup build_training(const Config& input_config,
 
   // ---- datasets, model, strategy (all may still reject the config).
   const double cutoff = config.model.cutoff;
+  check_neighbor_memory(train, cutoff, config.data.train_file, available);
+  check_neighbor_memory(valid, cutoff,
+                        config.data.valid_file ? *config.data.valid_file : config.data.train_file,
+                        available);
   auto train_ds = std::make_shared<AtomicDataset>(train, cutoff);
   auto valid_ds = std::make_shared<AtomicDataset>(valid, cutoff);
 

@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <set>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -159,6 +161,15 @@ class LineReader {
  public:
   /// Reads the file at `path`.
   explicit LineReader(const std::string& path) : path_(path) {
+    // Only regular files: a FIFO would block forever, /dev/zero never ends.
+    struct stat pre {};
+    if (::stat(path.c_str(), &pre) == 0 && !S_ISREG(pre.st_mode)) {
+      throw DataError(path + ": must be a regular file, got " +
+                      (S_ISDIR(pre.st_mode)    ? "a directory"
+                       : S_ISFIFO(pre.st_mode) ? "a FIFO (named pipe)"
+                       : S_ISCHR(pre.st_mode) || S_ISBLK(pre.st_mode) ? "a device"
+                                                                       : "a special file"));
+    }
     file_ = std::fopen(path.c_str(), "rb");
     if (file_ == nullptr) {
       throw DataError(path + ": file must be readable, got " + std::strerror(errno));
@@ -651,6 +662,17 @@ std::vector<Structure> read_frames(LineReader& reader, const std::string& path, 
     const KeyValue* stress = nullptr;
     const KeyValue* virial = nullptr;
     const std::vector<KeyValue> pairs = parse_comment(line);
+    // A key given twice would be last-wins silently (issue 15): refuse it.
+    // Lattice, Properties and pbc are matched case-insensitively, as read.
+    std::set<std::string> seen_keys;
+    for (const KeyValue& kv : pairs) {
+      const std::string low = lower_ascii(kv.key);
+      const bool special = low == "lattice" || low == "properties" || low == "pbc";
+      if (!seen_keys.insert(special ? low : kv.key).second) {
+        fail(path, comment_line, "header key " + quote_for_message(kv.key) +
+                                     " must appear once, got it twice (keep one of them)");
+      }
+    }
     for (const KeyValue& kv : pairs) {
       const std::string low = lower_ascii(kv.key);
       if (low == "lattice") {

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,8 @@
 namespace crucible {
 
 namespace {
+
+constexpr int kExitLauncherGone = 2;  // the launcher died before the worker started
 
 std::atomic<int> g_forward_signal{0};
 extern "C" void crucible_launcher_signal(int sig) { g_forward_signal.store(sig); }
@@ -66,6 +69,7 @@ int launch_local_workers(const std::string& executable, const std::vector<std::s
   auto kill_all = [&](int sig) {
     for (const auto& [pid, rank] : rank_of) ::kill(pid, sig);
   };
+  const pid_t launcher = ::getpid();
   for (int r = 0; r < options.nproc; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) {
@@ -74,6 +78,11 @@ int launch_local_workers(const std::string& executable, const std::vector<std::s
       throw std::system_error(e, std::generic_category(), "fork worker " + std::to_string(r));
     }
     if (pid == 0) {
+      // Die with the launcher (issue 15): a kill -9 of it must not leave
+      // workers training on, reparented to init. The parent check closes the
+      // window in which the launcher died before prctl.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(kExitLauncherGone);
       sigaction(SIGINT, &old_int, nullptr);
       sigaction(SIGTERM, &old_term, nullptr);
       ::setenv("RANK", std::to_string(r).c_str(), 1);
@@ -104,6 +113,14 @@ int launch_local_workers(const std::string& executable, const std::vector<std::s
       if (it == rank_of.end()) continue;
       const int rank = it->second;
       rank_of.erase(it);
+      // A worker stopped by SIGINT / SIGTERM (checkpoint written) exits
+      // 130 / 143: not a failure; the launcher passes the code on.
+      const bool signal_stop = WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGINT ||
+                                                     WEXITSTATUS(status) == 128 + SIGTERM);
+      if (signal_stop) {
+        if (!failed) result = WEXITSTATUS(status);
+        continue;
+      }
       if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !failed) {
         failed = true;
         result = exit_code(status);

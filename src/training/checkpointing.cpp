@@ -13,10 +13,10 @@ namespace crucible {
 
 namespace {
 
-std::atomic<bool> g_signal{false};
+std::atomic<int> g_signal{0};  // the last SIGINT / SIGTERM received, 0 = none
 struct sigaction g_old_int, g_old_term;
 
-extern "C" void crucible_checkpoint_signal(int) { g_signal.store(true); }
+extern "C" void crucible_checkpoint_signal(int sig) { g_signal.store(sig); }
 
 }  // namespace
 
@@ -171,8 +171,10 @@ void CheckpointHook::operator()(TrainContext& ctx, TrainingStage stage) {
         [this](TrainingStrategy& s, TrainingStrategy::Boundary b) { on_boundary(s, b); });
     registered_ = true;
   }
-  if (stage == TrainingStage::AFTER_BATCH && options_.on_signal && g_signal.exchange(false)) {
+  if (stage != TrainingStage::AFTER_BATCH || !options_.on_signal) return;
+  if (const int sig = g_signal.exchange(0)) {
     signal_received_ = true;
+    signal_number_ = sig;
     if (ctx.strategy) ctx.strategy->request_stop();
   }
 }
@@ -223,11 +225,12 @@ void CheckpointHook::on_boundary(TrainingStrategy& s, TrainingStrategy::Boundary
   last_saved_batch_ = s.batch_count;
 }
 
-void CheckpointHook::simulate_signal() { g_signal.store(true); }
+void CheckpointHook::simulate_signal(int sig) { g_signal.store(sig); }
 
 void CheckpointHook::enter() {
   signal_received_ = false;
-  g_signal.store(false);
+  signal_number_ = 0;
+  g_signal.store(0);
   if (!options_.on_signal || handlers_installed_) return;
   struct sigaction sa {};
   sa.sa_handler = crucible_checkpoint_signal;

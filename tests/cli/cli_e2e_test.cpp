@@ -9,7 +9,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <fcntl.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +22,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -306,10 +311,13 @@ TEST_F(CliTest, SigtermThenResumeMatchesAnUninterruptedRun) {
   ::setenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH", "4", 1);
   r = run_crucible(dir_, args);
   ::unsetenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH");
-  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  ASSERT_EQ(r.rc, 143) << r.out << r.err;  // 128 + SIGTERM (issue 15)
   // The signal arrives at the end of batch 4, after the checkpoint hook
-  // looked: batch 5 finishes, then the run stops.
-  EXPECT_NE(r.out.find("stopped by a signal after step 5"), std::string::npos) << r.out;
+  // looked: batch 5 finishes, then the run stops. 10 structures, batch 4:
+  // 3 batches an epoch, so batch 5 is the second of epoch 2.
+  EXPECT_NE(r.out.find("stopped by a signal after step 5 (epoch 2, batch 2 of 3)"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("resume with: crucible train --resume " + cut.string()),
             std::string::npos)
       << r.out;
@@ -395,7 +403,7 @@ TEST_F(CliTest, HalfTheFramesWithoutStressTrainAndResumeExactly) {
     ::setenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH", std::to_string(8 / batch_size).c_str(), 1);
     r = run_crucible(dir_, args_for(cut));
     ::unsetenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH");
-    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    ASSERT_EQ(r.rc, 143) << r.out << r.err;
     ASSERT_FALSE(fs::exists(cut / "summary.json")) << r.out;
     r = run_crucible(dir_, {"train", "--resume", cut.string()});
     ASSERT_EQ(r.rc, 0) << r.out << r.err;
@@ -404,6 +412,74 @@ TEST_F(CliTest, HalfTheFramesWithoutStressTrainAndResumeExactly) {
       EXPECT_EQ(a.at("validation").at(k), b.at("validation").at(k)) << k;
     }
   }
+}
+
+/// Starts `crucible <args>` in `cwd` with `env` ("KEY=VALUE", may be empty)
+/// in the background, output to /dev/null; returns its pid.
+pid_t start_crucible(const fs::path& cwd, const std::vector<std::string>& args,
+                     const std::string& env = "") {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  if (::chdir(cwd.c_str()) != 0) ::_exit(127);
+  if (!env.empty()) ::putenv(const_cast<char*>(env.c_str()));
+  std::vector<char*> argv{const_cast<char*>(CRUCIBLE_BINARY)};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const int null = ::open("/dev/null", O_WRONLY);
+  ::dup2(null, 1);
+  ::dup2(null, 2);
+  ::execv(CRUCIBLE_BINARY, argv.data());
+  ::_exit(127);
+}
+
+int wait_exit_code(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Issue 15: one writer per run directory. A second writer (fresh, overwrite,
+// resume) is refused naming the holder; a lock left by a killed run never
+// blocks its resume; of two fresh runs started together on one directory
+// exactly one trains.
+TEST_F(CliTest, OneWriterPerRunDirectory) {
+  const fs::path live = dir_ / "run_live";
+  auto args = tiny_args(live.string());
+  args.insert(args.end(), {"training.num_epochs=null", "training.num_steps=100",
+                           "output.checkpoint_every_n_steps=1"});
+  const pid_t holder = start_crucible(dir_, args, "CRUCIBLE_FAULT_SLEEP_MS_PER_BATCH=150");
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(live / "checkpoints" / "manifest.json") &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(fs::exists(live / "checkpoints" / "manifest.json"));
+  const std::string in_use = "is in use by another crucible process (pid " + std::to_string(holder);
+  auto overwrite = args;
+  overwrite.push_back("output.overwrite=true");
+  for (const auto& intruder : {overwrite, args, std::vector<std::string>{"train", "--resume", live.string()}}) {
+    const Result r = run_crucible(dir_, intruder);
+    EXPECT_EQ(r.rc, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find(in_use), std::string::npos) << r.err;
+  }
+  EXPECT_TRUE(fs::exists(live / "checkpoints" / "manifest.json"));  // nothing of the live run removed
+  EXPECT_TRUE(fs::exists(live / "metrics.csv"));
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(wait_exit_code(holder), 128 + SIGKILL);
+  const Result resumed = run_crucible(dir_, {"train", "--resume", live.string()});
+  ASSERT_EQ(resumed.rc, 0) << resumed.out << resumed.err;
+  EXPECT_EQ(nlohmann::json::parse(read_text(live / "summary.json")).at("steps"), 100);
+
+  // Two fresh runs on one empty directory.
+  const fs::path twice = dir_ / "run_twice";
+  fs::create_directories(twice);
+  auto fresh = tiny_args(twice.string());
+  fresh.insert(fresh.end(), {"training.num_epochs=null", "training.num_steps=10"});
+  const pid_t a = start_crucible(dir_, fresh, "CRUCIBLE_FAULT_SLEEP_MS_PER_BATCH=100");
+  const pid_t b = start_crucible(dir_, fresh, "CRUCIBLE_FAULT_SLEEP_MS_PER_BATCH=100");
+  const int ra = wait_exit_code(a), rb = wait_exit_code(b);
+  EXPECT_EQ((ra == 0) + (rb == 0), 1) << ra << " " << rb;
+  EXPECT_EQ((ra == 1) + (rb == 1), 1) << ra << " " << rb;
 }
 
 TEST_F(CliTest, BadConfigFromTheCatalogStopsBeforeAnythingIsWritten) {

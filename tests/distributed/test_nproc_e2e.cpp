@@ -9,6 +9,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -136,7 +140,8 @@ TEST_F(NprocTest, TwoWorkerRunStoppedBySigtermResumesWithOneWorker) {
   auto a = args("resize", 2, 30);
   a.insert(a.begin() + 1, {"--nproc", "2"});
   Result r = run(dir_, "CRUCIBLE_FAULT_SIGTERM_AT_BATCH=3", a);
-  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  ASSERT_EQ(r.rc, 143) << r.out << r.err;  // the workers' 128 + SIGTERM, passed on
+  EXPECT_EQ(r.err.find("error"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("stopped by a signal"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir_ / "resize" / "summary.json"));
   r = run(dir_, "", {"train", "--resume", (dir_ / "resize").string()});
@@ -144,6 +149,55 @@ TEST_F(NprocTest, TwoWorkerRunStoppedBySigtermResumesWithOneWorker) {
   EXPECT_NE(r.out.find("resuming from checkpoint"), std::string::npos) << r.out;
   const auto summary = nlohmann::json::parse(read_text(dir_ / "resize" / "summary.json"));
   EXPECT_EQ(summary.at("steps"), 30);
+}
+
+/// PIDs of processes whose command line contains `needle` (from /proc).
+std::vector<int> processes_with(const std::string& needle) {
+  std::vector<int> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmd.find(needle) != std::string::npos && std::stoi(name) != ::getpid()) {
+      out.push_back(std::stoi(name));
+    }
+  }
+  return out;
+}
+
+// Issue 15: kill -9 of the launcher takes its workers with it.
+TEST_F(NprocTest, WorkersDieWithAKilledLauncher) {
+  auto a = args("orphans", 2, 100000);
+  a.insert(a.begin() + 1, {"--nproc", "2"});
+  const std::string marker = (dir_ / "orphans").string();
+  const pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    std::vector<char*> argv{const_cast<char*>(CRUCIBLE_BINARY)};
+    for (auto& s : a) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execv(CRUCIBLE_BINARY, argv.data());
+    ::_exit(127);
+  }
+  // Wait until both workers train (rank 0 writes metrics.csv).
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(dir_ / "orphans" / "metrics.csv") &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(fs::exists(dir_ / "orphans" / "metrics.csv"));
+  EXPECT_EQ(processes_with(marker).size(), 3u);  // the launcher and two workers
+  ::kill(launcher, SIGKILL);
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  const auto left = processes_with(marker);
+  EXPECT_TRUE(left.empty()) << left.size() << " worker(s) still alive 5 s after the launcher died";
+  for (int pid : left) ::kill(pid, SIGKILL);
 }
 
 }  // namespace

@@ -27,6 +27,9 @@ struct TrainResult {
   int64_t steps = 0;                    ///< optimizer steps taken.
   int64_t epochs = 0;                   ///< epochs completed.
   bool stopped = false;                 ///< stopped by a signal (resumable).
+  /// The signal that stopped it (SIGINT 2, SIGTERM 15; SIGTERM when the stop
+  /// was agreed with another worker that got one); 0 when not stopped.
+  int signal = 0;
 };
 
 /// `crucible train`: reads and checks all data and the config, then creates

@@ -27,7 +27,11 @@ int free_local_port();
 /// a worker exits non-zero or by a signal, says which rank and how on
 /// `err`, waits up to `grace` for the others, then kills those left.
 /// Returns 0 if every worker exited 0, else the first failure's exit code
-/// (128 + signal for a killed worker).
+/// (128 + signal for a killed worker); workers that stopped after a SIGINT /
+/// SIGTERM (exit 130 / 143, checkpoint written) are no failure and their
+/// code is passed on. Every worker gets PR_SET_PDEATHSIG = SIGKILL (and
+/// checks its parent before exec), so a launcher killed with SIGKILL takes
+/// its workers with it.
 /// @throws std::system_error if a worker cannot be started.
 int launch_local_workers(const std::string& executable, const std::vector<std::string>& args,
                          const LaunchOptions& options, std::ostream& err);

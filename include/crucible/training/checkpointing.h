@@ -7,6 +7,7 @@
 #include "crucible/training/hook.h"
 #include "crucible/training/strategy.h"
 
+#include <csignal>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -136,8 +137,10 @@ class CheckpointHook : public Hook {
   /// Entries written by this hook, in order.
   const std::vector<checkpoint::CheckpointEntry>& written() const { return written_; }
   bool signal_received() const { return signal_received_; }
+  /// The signal that stopped the run (SIGINT or SIGTERM), 0 if none.
+  int signal_number() const { return signal_number_; }
   /// Sets the flag a SIGINT/SIGTERM would set (tests, embedding apps).
-  static void simulate_signal();
+  static void simulate_signal(int sig = SIGTERM);
 
  private:
   void on_boundary(TrainingStrategy& s, TrainingStrategy::Boundary b);
@@ -147,6 +150,7 @@ class CheckpointHook : public Hook {
   int64_t last_saved_batch_ = -1;
   bool registered_ = false;
   bool signal_received_ = false;
+  int signal_number_ = 0;
   bool handlers_installed_ = false;
 };
 

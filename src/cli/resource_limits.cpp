@@ -1,0 +1,105 @@
+// Resource limits checked before allocation. See
+// include/crucible/cli/resource_limits.h.
+
+#include "crucible/cli/resource_limits.h"
+
+#include "crucible/common/error.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace crucible {
+
+namespace {
+
+std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024.0 * 1024.0)); }
+
+}  // namespace
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : INT64_MAX;
+}
+
+void check_thread_count(int64_t num_threads) {
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  if (num_threads > 4 * cores) {
+    throw ConfigError(fmt::format("training.num_threads must be <= {} (4 × the {} cores of this "
+                                  "machine), got {}",
+                                  4 * cores, cores, num_threads));
+  }
+}
+
+double schnet_parameter_estimate(const ModelConfig& m) {
+  const double h = static_cast<double>(m.hidden_channels);
+  const double f = static_cast<double>(m.num_filters);
+  const double g = static_cast<double>(m.num_gaussians);
+  const double t = static_cast<double>(m.num_interactions);
+  const double per_interaction = g * f + f * f + 2 * f + 2 * h * f + 2 * h + h * h + h;
+  return 119.0 * h + t * per_interaction + h * h / 2 + h;
+}
+
+void check_model_size(const ModelConfig& m, int64_t available_bytes) {
+  const double params = schnet_parameter_estimate(m);
+  const double bytes = 16.0 * params;
+  if (bytes > static_cast<double>(available_bytes)) {
+    throw ConfigError(fmt::format(
+        "model.hidden_channels = {}, model.num_filters = {}, model.num_interactions = {}, "
+        "model.num_gaussians = {} give about {:.2g} parameters, whose training state (weights, "
+        "gradients, optimizer moments: {:.2g} bytes) exceeds the {} of memory available; choose "
+        "smaller values (typical: 32-256 channels, 2-6 interactions)",
+        m.hidden_channels, m.num_filters, m.num_interactions, m.num_gaussians, params, bytes,
+        gib(static_cast<double>(available_bytes))));
+  }
+}
+
+double estimate_neighbor_pairs(const std::vector<Structure>& structures, double cutoff) {
+  constexpr double kPi = 3.14159265358979323846;
+  const double sphere = 4.0 / 3.0 * kPi * cutoff * cutoff * cutoff;
+  double total = 0.0;
+  for (const auto& s : structures) {
+    const double n = static_cast<double>(s.num_atoms());
+    if (n == 0) continue;
+    double volume = 0.0;
+    if (s.periodic()) {
+      volume = s.volume();
+    } else {
+      const at::Tensor p = s.positions.to(at::kDouble);
+      const at::Tensor extent = std::get<0>(p.max(0)) - std::get<0>(p.min(0)) + cutoff;
+      volume = extent.prod().item<double>();
+    }
+    double per_atom = volume > 0 ? n / volume * sphere : n;
+    if (!s.periodic()) per_atom = std::min(per_atom, n - 1);
+    total += n * per_atom;
+  }
+  return total;
+}
+
+void check_neighbor_memory(const std::vector<Structure>& structures, double cutoff,
+                           const std::string& file, int64_t available_bytes) {
+  const double pairs = estimate_neighbor_pairs(structures, cutoff);
+  const double bytes = 40.0 * pairs;
+  if (bytes > 0.5 * static_cast<double>(available_bytes)) {
+    throw DataError(fmt::format(
+        "{}: with model.cutoff = {} Å the neighbor lists would hold about {:.2g} pairs ({:.2g} "
+        "bytes), more than half of the {} of memory available; lower model.cutoff (typical: "
+        "4-6 Å)",
+        file, cutoff, pairs, bytes, gib(static_cast<double>(available_bytes))));
+  }
+}
+
+}  // namespace crucible
