@@ -180,6 +180,22 @@ Fd open_confined(const fs::path& root, const fs::path& path, std::uint64_t* size
     throw DataError(path.string() + ": the file must lie inside the checkpoint directory " +
                     root.string() + ", got a path resolving outside it to " + canon.string() +
                     " (not opened)");
+  // No symbolic link below the store root is followed (issue 15): not the
+  // file, not a checkpoint folder, even if it points inside the store.
+  {
+    fs::path at = root;
+    const fs::path rel = path.lexically_relative(root);
+    if (!rel.empty() && *rel.begin() != "..") {
+      for (const auto& part : rel) {
+        at /= part;
+        std::error_code lec;
+        if (fs::is_symlink(fs::symlink_status(at, lec))) {
+          throw DataError(path.string() + ": must not be reached through a symbolic link inside "
+                          "the checkpoint directory, got " + at.string() + " (not followed)");
+        }
+      }
+    }
+  }
   Fd fd(::open(canon.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (fd.get() < 0)
     throw DataError(path.string() + ": the file must be readable, got " + std::strerror(errno));

@@ -446,6 +446,15 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   if (resume.resume) {
     if (writer) probe_writable(run_dir);
     store = std::make_shared<checkpoint::CheckpointStore>(run_dir / "checkpoints", retention);
+    // Leftovers of a save that a kill interrupted (.tmp-* folders): we hold
+    // the run-directory lock, so no other writer can own them (issue 15).
+    if (writer) {
+      try {
+        store->collect_garbage();
+      } catch (const std::exception&) {
+        // a corrupt manifest: restore_checkpoint below reports it
+      }
+    }
     ckpt_hook = std::make_shared<CheckpointHook>(store, ckpt_options);
     strategy.register_hook(ckpt_hook);
     // The checkpoint's own recipe and models must match this run's too.

@@ -4,6 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
+#include <cstring>
+#include <system_error>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -136,17 +139,87 @@ CheckpointValidator same_models_validator(const TrainingStrategy& strategy) {
   };
 }
 
+namespace {
+
+/// Issue 15: the manifest's counters must be the ones counters.pt restored.
+/// @throws DataError naming the checkpoint, the counter and both values.
+void check_restored_counters(const LoadedCheckpoint& loaded, const TrainingStrategy& s) {
+  const auto& c = loaded.entry.counters;
+  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> pairs = {
+      {"step_count", {c.step_count, s.step_count}}, {"epoch_count", {c.epoch_count, s.epoch_count}}};
+  for (const auto& [key, mine] :
+       std::vector<std::pair<std::string, int64_t>>{{"batch_count", s.batch_count},
+                                                   {"epoch_step_count", s.epoch_step_count},
+                                                   {"global_step_count", s.global_step_count}}) {
+    auto it = c.extra.find(key);
+    if (it != c.extra.end()) pairs.push_back({key, {it->second, mine}});
+  }
+  for (const auto& [key, values] : pairs) {
+    if (values.first != values.second) {
+      throw DataError("checkpoint " + std::to_string(loaded.entry.index) + " (" + loaded.entry.dir +
+                      "): manifest.json says " + key + " " + std::to_string(values.first) +
+                      ", counters.pt holds " + std::to_string(values.second) +
+                      "; the two must agree");
+    }
+  }
+}
+
+}  // namespace
+
+std::string write_failure_advice(const std::exception& e) {
+  int code = 0;
+  if (const auto* se = dynamic_cast<const std::system_error*>(&e)) code = se->code().value();
+  const std::string what = e.what();
+  auto has = [&](int err) { return code == err || what.find(std::strerror(err)) != std::string::npos; };
+  if (has(ENOSPC) || has(EDQUOT)) return "The disk (or quota) is full: free disk space";
+  if (has(EFBIG)) return "A file-size limit was reached (ulimit -f, or the file system's maximum): raise it";
+  if (has(EACCES) || has(EPERM)) return "Permission denied: make the run directory writable by this user";
+  if (has(EROFS)) return "The file system is read-only: remount it writable or use another output.run_dir";
+  if (what.find("lock") != std::string::npos) {
+    return "Another process holds the checkpoint store's lock: stop the other writer";
+  }
+  return "Fix the cause above";
+}
+
 RestoredCheckpoint restore_checkpoint(const checkpoint::CheckpointStore& store,
                                       TrainingStrategy& strategy, std::optional<int64_t> index,
                                       const std::vector<CheckpointValidator>& validators) {
   RestoredCheckpoint out;
-  const LoadedCheckpoint loaded = load_checkpoint(store, index, &out.skipped);
-  out.index = loaded.entry.index;
-  for (const auto& validate : validators) {
-    if (validate) validate(loaded);
+  LoadedCheckpoint loaded = load_checkpoint(store, index, &out.skipped);
+  for (;;) {
+    out.index = loaded.entry.index;
+    for (const auto& validate : validators) {
+      if (validate) validate(loaded);  // a refusal is final: no fallback
+    }
+    try {
+      strategy.restore_state_files(loaded.files);
+      check_restored_counters(loaded, strategy);
+      return out;
+    } catch (const DataError& e) {
+      // Issue 15: verified files that do not decode, or counters that
+      // disagree, fall back to the next older intact checkpoint (unless a
+      // checkpoint was asked for by index).
+      if (index) throw;
+      out.skipped.push_back({loaded.entry.index, e.what()});
+      std::optional<LoadedCheckpoint> older;
+      const auto entries = store.list();
+      for (auto it = entries.rbegin(); it != entries.rend() && !older; ++it) {
+        if (it->index >= loaded.entry.index) continue;
+        try {
+          older = load_checkpoint(store, it->index);
+        } catch (const DataError& f) {
+          out.skipped.push_back({it->index, f.what()});
+        }
+      }
+      if (!older) {
+        std::string why;
+        for (const auto& f : out.skipped) why += "\n  checkpoint " + std::to_string(f.index) + ": " + f.message;
+        throw DataError(store.manifest_path().string() +
+                        ": must list at least one checkpoint that restores, got none" + why);
+      }
+      loaded = std::move(*older);
+    }
   }
-  strategy.restore_state_files(loaded.files);
-  return out;
 }
 
 CheckpointHook::CheckpointHook(std::shared_ptr<checkpoint::CheckpointStore> store,
@@ -208,6 +281,7 @@ void CheckpointHook::on_boundary(TrainingStrategy& s, TrainingStrategy::Boundary
   try {
     written_.push_back(save_checkpoint(*store_, s, -1, options_.metric, options_.extra_files));
   } catch (const std::exception& e) {
+    const std::string advice = write_failure_advice(e);
     // The store writes a new folder and renames the manifest last: a failed
     // write leaves every earlier checkpoint as it was.
     std::string kept = "no earlier checkpoint";
@@ -220,7 +294,7 @@ void CheckpointHook::on_boundary(TrainingStrategy& s, TrainingStrategy::Boundary
     }
     throw TrainingError("checkpoint at step " + std::to_string(s.step_count) + " could not be written to " +
                         store_->dir().string() + ": " + e.what() + "; earlier checkpoints are unchanged (" +
-                        kept + "). Free disk space, then resume from the run directory with --resume");
+                        kept + "). " + advice + ", then resume from the run directory with --resume");
   }
   last_saved_batch_ = s.batch_count;
 }

@@ -263,6 +263,21 @@ void TrainingStrategy::check_optimizer_files(const std::map<std::string, std::st
   while (files.count("optimizer." + std::to_string(saved_optimizers) + ".pt") > 0) ++saved_optimizers;
   std::string configured;
   for (const auto& e : entries_) configured += (configured.empty() ? "" : ", ") + e.path;
+  // Decode them now (not only when run() builds the optimizers), so a
+  // checkpoint whose archive verifies but does not decode is refused while
+  // an older one can still be restored (issue 15).
+  for (size_t i = 0; i < saved_optimizers; ++i) {
+    const std::string file = "optimizer." + std::to_string(i) + ".pt";
+    checkpoint::require_data_only_archive(files.at(file), file);
+    try {
+      torch::serialize::InputArchive archive;
+      std::istringstream is(files.at(file));
+      archive.load_from(is);
+    } catch (const c10::Error& e) {
+      throw DataError(file + ": must be an optimizer state archive, got unreadable data (" +
+                      e.what_without_backtrace() + ")");
+    }
+  }
   if (saved_optimizers != entries_.size()) {
     throw DataError("checkpoint: holds " + std::to_string(saved_optimizers) +
                     " optimizer state(s) (optimizer.<i>.pt), but the configuration builds " +

@@ -144,9 +144,18 @@ TEST_F(Faults, FailedCheckpointWriteIsReportedAndTheOlderCheckpointResumes) {
   for (const auto& e : entries) EXPECT_NO_THROW(store.verify(e.index));
   EXPECT_EQ(entries.back().counters.step_count, 2);
 
+  // Issue 15: the message names the cause (a file-size limit, not a full disk).
+  EXPECT_NE(line.find("A file-size limit was reached"), std::string::npos) << line;
+  EXPECT_EQ(line.find("Free disk space"), std::string::npos) << line;
+  // A kill during a save leaves a temporary folder; an empty summary.json
+  // (copied by hand, cut by a full disk) is no finished run.
+  fs::create_directories(run / "checkpoints" / ".tmp-ckpt-000009-stale");
+  write_text(run / "summary.json", "");
+
   const Outcome resumed = run_crucible(dir_, {"train", "--resume", run.string()});
   EXPECT_EQ(resumed.rc, 0) << resumed.err;
   EXPECT_TRUE(fs::exists(run / "summary.json"));
+  EXPECT_FALSE(fs::exists(run / "checkpoints" / ".tmp-ckpt-000009-stale"));
 }
 
 }  // namespace

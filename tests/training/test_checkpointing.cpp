@@ -210,5 +210,75 @@ TEST(CheckpointValidators, SameModelsValidatorRefusesAnotherCutoffBeforeApplying
   fs::remove_all(dir);
 }
 
+// Issue 15: checkpoints that verify but cannot be used fall back to the
+// next older one: an optimizer archive that does not decode, manifest
+// counters that disagree with counters.pt; a symlink inside the store is
+// never followed.
+TEST(CheckpointRestore, UnusableNewestFallsBackToTheOlderCheckpoint) {
+  const fs::path dir = fresh_dir("crucible_ckpt_fallback");
+  checkpoint::CheckpointStore store(dir);
+  ToyRun first;
+  first.run();
+  const auto good = save_checkpoint(store, *first.strategy);
+  // A newest checkpoint whose optimizer archive is garbage with a valid SHA-256.
+  {
+    std::vector<checkpoint::CheckpointFile> files;
+    for (auto& [name, bytes] : first.strategy->state_files()) {
+      files.push_back(checkpoint::CheckpointFile::from_bytes(
+          name, name == "optimizer.0.pt" ? std::string("PK\x03\x04 not an archive") : bytes));
+    }
+    checkpoint::CheckpointCounters c;
+    c.step_count = first.strategy->step_count;
+    c.epoch_count = first.strategy->epoch_count;
+    store.save(-1, c, files);
+  }
+  ToyRun resumed(0.3);
+  auto r = restore_checkpoint(store, *resumed.strategy);
+  EXPECT_EQ(r.index, good.index);
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_NE(r.skipped[0].message.find("optimizer.0.pt"), std::string::npos) << r.skipped[0].message;
+  EXPECT_TRUE(resumed.model->a.equal(first.model->a));
+
+  // Manifest counters that disagree with counters.pt.
+  const fs::path dir2 = fresh_dir("crucible_ckpt_counters");
+  checkpoint::CheckpointStore store2(dir2);
+  const auto older = save_checkpoint(store2, *first.strategy);
+  const auto newer = save_checkpoint(store2, *first.strategy);
+  {
+    std::ifstream in(dir2 / "manifest.json");
+    nlohmann::json m = nlohmann::json::parse(in);
+    for (auto& e : m.at("checkpoints")) {
+      if (e.at("index") == newer.index) e.at("step_count") = 4;
+    }
+    std::ofstream(dir2 / "manifest.json") << m.dump(1);
+  }
+  ToyRun again(0.3);
+  r = restore_checkpoint(store2, *again.strategy);
+  EXPECT_EQ(r.index, older.index);
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_NE(r.skipped[0].message.find("manifest.json says step_count 4, counters.pt holds 9"),
+            std::string::npos)
+      << r.skipped[0].message;
+  // Asked for by index, the mismatch is an error, not a fallback.
+  ToyRun third(0.3);
+  EXPECT_THROW(restore_checkpoint(store2, *third.strategy, newer.index), DataError);
+
+  // A relative symlink inside the store (pointing inside it) is not followed.
+  const fs::path file = dir2 / newer.dir / "counters.pt";
+  fs::copy_file(file, dir2 / "counters_copy.pt");
+  fs::remove(file);
+  fs::create_symlink("../counters_copy.pt", file);
+  try {
+    store2.verify(newer.index);
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("symbolic link inside the checkpoint directory"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+  fs::remove_all(dir2);
+}
+
 }  // namespace
 }  // namespace crucible

@@ -43,6 +43,13 @@ checkpoint::CheckpointEntry save_checkpoint(
     const std::string& metric = "",
     const std::vector<std::pair<std::string, std::string>>& extra_files = {});
 
+/// The advice that fits why a checkpoint write failed (issue 15): a full
+/// disk or quota (ENOSPC, EDQUOT), a file-size limit (EFBIG), a permission
+/// error (EACCES, EPERM), a read-only file system (EROFS), a held lock; read
+/// from a std::system_error's code or the system's message in what().
+/// Never throws.
+std::string write_failure_advice(const std::exception& e);
+
 /// A checkpoint read and verified but not yet applied: what a
 /// CheckpointValidator sees (seed 002's loaded-checkpoint validators).
 struct LoadedCheckpoint {
