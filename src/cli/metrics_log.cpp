@@ -2,6 +2,10 @@
 
 #include "crucible/cli/metrics_log.h"
 
+#include <cstring>
+
+#include <cerrno>
+
 #include <filesystem>
 
 #include "crucible/common/error.h"
@@ -47,6 +51,12 @@ void MetricsJsonlHook::enter() {
   file_.close();
   file_.clear();
   std::error_code ec;
+  if (truncate_to_) {
+    // A resumed run: lines after the checkpoint (and a torn last line) go.
+    std::filesystem::resize_file(path_, *truncate_to_, ec);
+    if (ec) throw DataError(path_ + ": metrics file cannot be cut back to the checkpoint (" + ec.message() + ")");
+    truncate_to_.reset();
+  }
   const bool has_lines = options_.append && std::filesystem::file_size(path_, ec) > 0 && !ec;
   curve_ = LearningCurve{};
   if (has_lines) {
@@ -58,6 +68,7 @@ void MetricsJsonlHook::enter() {
   }
   file_.open(path_, std::ios::out | (has_lines ? std::ios::app : std::ios::trunc));
   if (!file_) throw DataError(path_ + ": metrics file cannot be created");
+  bytes_ = has_lines ? std::filesystem::file_size(path_, ec) : 0;
   start_ = std::chrono::steady_clock::now();
   step_lrs_.clear();
   training_done_ = false;
@@ -67,8 +78,16 @@ void MetricsJsonlHook::enter() {
 
 void MetricsJsonlHook::write_line(const std::string& line) {
   if (!file_.is_open()) return;
+  errno = 0;
   file_ << line << '\n';
   file_.flush();
+  if (!file_) {
+    const int e = errno;
+    file_.close();  // nothing more goes into a file that lost a line
+    throw MetricsWriteError(path_ + ": a metrics line could not be written (" +
+                            (e ? std::strerror(e) : "write failed") + ")");
+  }
+  bytes_ += line.size() + 1;
   ++lines_;
 }
 

@@ -10,6 +10,9 @@
 #include "crucible/training/strategy.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <cstring>
+#include <cerrno>
 
 #include <unistd.h>
 
@@ -22,6 +25,30 @@ namespace crucible {
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// An EpochRecord without its validation (a resumed run validates anew).
+// Doubles go through JSON exactly (nlohmann writes the shortest round trip).
+nlohmann::json record_to_json(const EpochRecord& r) {
+  return {{"epoch", r.epoch},           {"step", r.step},
+          {"batches", r.batches},       {"structures", r.structures},
+          {"train_loss", r.train_loss}, {"train_components", r.train_components},
+          {"epoch_seconds", r.epoch_seconds}, {"final", r.final}};
+}
+
+EpochRecord record_from_json(const nlohmann::json& j) {
+  EpochRecord r;
+  r.epoch = j.at("epoch").get<int64_t>();
+  r.step = j.at("step").get<int64_t>();
+  r.batches = j.at("batches").get<int64_t>();
+  r.structures = j.at("structures").get<int64_t>();
+  r.train_loss = j.at("train_loss").is_null() ? std::nan("") : j.at("train_loss").get<double>();
+  for (const auto& [k, v] : j.at("train_components").items()) {
+    r.train_components[k] = v.is_null() ? std::nan("") : v.get<double>();
+  }
+  r.epoch_seconds = j.at("epoch_seconds").get<double>();
+  r.final = j.at("final").get<bool>();
+  return r;
 }
 }  // namespace
 
@@ -44,6 +71,38 @@ void EpochReportHook::enter() {
   last_emitted_step_ = -1;
   last_emitted_validated_ = false;
   records_.clear();
+  if (!resume_state_) return;
+  const nlohmann::json j = nlohmann::json::parse(*resume_state_);
+  resume_state_.reset();
+  current_ = record_from_json(j.at("current"));
+  epoch_open_ = j.at("epoch_open").get<bool>();
+  last_emitted_step_ = j.at("last_emitted_step").get<int64_t>();
+  last_emitted_validated_ = j.at("last_emitted_validated").get<bool>();
+  if (!j.at("last_record").is_null()) records_.push_back(record_from_json(j.at("last_record")));
+}
+
+std::string EpochReportHook::state_json() const {
+  nlohmann::json j;
+  j["current"] = record_to_json(current_);
+  j["epoch_open"] = epoch_open_;
+  j["last_emitted_step"] = last_emitted_step_;
+  j["last_emitted_validated"] = last_emitted_validated_;
+  j["last_record"] = records_.empty() ? nlohmann::json() : record_to_json(records_.back());
+  return j.dump();
+}
+
+void EpochReportHook::resume_from(const std::string& state_json, const std::string& source) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(state_json);
+    (void)record_from_json(j.at("current"));  // every key readable now, not at enter()
+    (void)j.at("epoch_open").get<bool>();
+    (void)j.at("last_emitted_step").get<int64_t>();
+    (void)j.at("last_emitted_validated").get<bool>();
+    if (!j.at("last_record").is_null()) (void)record_from_json(j.at("last_record"));
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(source + ": must be the metrics state of a checkpoint, got " + e.what());
+  }
+  resume_state_ = state_json;
 }
 
 void EpochReportHook::operator()(TrainContext& ctx, TrainingStage stage) {
@@ -344,16 +403,36 @@ MetricsCsvHook::MetricsCsvHook(std::string path, std::vector<std::string> loss_t
 void MetricsCsvHook::enter() {
   EpochReportHook::enter();
   file_.close();
+  file_.clear();
   std::error_code ec;
+  if (truncate_to_) {
+    // A resumed run: rows after the checkpoint go (issue 15).
+    std::filesystem::resize_file(path_, *truncate_to_, ec);
+    if (ec) throw DataError(path_ + ": metrics file cannot be cut back to the checkpoint (" + ec.message() + ")");
+    truncate_to_.reset();
+  }
   const bool has_rows = append_ && std::filesystem::file_size(path_, ec) > 0 && !ec;
   file_.open(path_, std::ios::out | (has_rows ? std::ios::app : std::ios::trunc));
   if (!file_) throw DataError(path_ + ": metrics file cannot be created");
+  bytes_ = has_rows ? std::filesystem::file_size(path_, ec) : 0;
   if (has_rows) return;
-  file_ << "epoch,step,elapsed_s,train_loss";
-  for (const auto& t : loss_terms_) file_ << ",train_loss_" << t;
-  for (const auto& m : validation_metric_names()) file_ << ",valid_" << m;
-  file_ << "\n";
+  std::string header = "epoch,step,elapsed_s,train_loss";
+  for (const auto& t : loss_terms_) header += ",train_loss_" + t;
+  for (const auto& m : validation_metric_names()) header += ",valid_" + m;
+  write_checked(header + "\n");
+}
+
+void MetricsCsvHook::write_checked(const std::string& text) {
+  errno = 0;
+  file_ << text;
   file_.flush();
+  if (!file_) {
+    const int e = errno;
+    file_.close();
+    throw MetricsWriteError(path_ + ": a metrics row could not be written (" +
+                            (e ? std::strerror(e) : "write failed") + ")");
+  }
+  bytes_ += text.size();
 }
 
 void MetricsCsvHook::exit(bool failed) {
@@ -365,19 +444,17 @@ void MetricsCsvHook::exit(bool failed) {
 void MetricsCsvHook::report(const EpochRecord& r) {
   if (!file_.is_open()) return;
   auto num = [](double v) { return std::isfinite(v) ? fmt::format("{:.10g}", v) : std::string(); };
-  file_ << r.epoch << "," << r.step << "," << fmt::format("{:.3f}", r.elapsed_seconds) << ","
-        << num(r.train_loss);
+  std::string row = fmt::format("{},{},{:.3f},{}", r.epoch, r.step, r.elapsed_seconds, num(r.train_loss));
   for (const auto& t : loss_terms_) {
     auto it = r.train_components.find(t);
-    file_ << "," << (it == r.train_components.end() ? std::string() : num(it->second));
+    row += "," + (it == r.train_components.end() ? std::string() : num(it->second));
   }
   const auto metrics = r.validation ? r.validation->as_map() : std::map<std::string, double>{};
   for (const auto& m : validation_metric_names()) {
     auto it = metrics.find(m);
-    file_ << "," << (it == metrics.end() ? std::string() : num(it->second));
+    row += "," + (it == metrics.end() ? std::string() : num(it->second));
   }
-  file_ << "\n";
-  file_.flush();
+  write_checked(row + "\n");
 }
 
 }  // namespace crucible

@@ -76,6 +76,33 @@ fs::path choose_run_dir(const OutputConfig& o) {
   return p;
 }
 
+/// Checkpoint file with the metrics files' positions and the epoch records' state.
+constexpr const char* kMetricsStateFile = "metrics_state.json";
+
+/// A resumed run's metrics files continue from checkpoint `index`: cut back
+/// to what it recorded, the epoch records' state restored. A checkpoint
+/// without that file (written before issue 15) appends as before.
+/// @throws DataError naming the file when its content is unreadable.
+void resume_metrics(const checkpoint::CheckpointStore& store, int64_t index, MetricsCsvHook& csv,
+                    MetricsJsonlHook& jsonl, ProgressHook& progress) {
+  std::string text;
+  try {
+    text = store.load_file(index, kMetricsStateFile);
+  } catch (const DataError&) {
+    return;  // an older checkpoint without it
+  }
+  const std::string source = "checkpoint " + std::to_string(index) + " " + kMetricsStateFile;
+  try {
+    const json j = json::parse(text);
+    csv.truncate_at_enter(j.at("metrics.csv").at("bytes").get<uint64_t>());
+    csv.resume_from(j.at("metrics.csv").at("records").dump(), source);
+    jsonl.truncate_at_enter(j.at("metrics.jsonl").at("bytes").get<uint64_t>());
+    progress.resume_from(j.at("progress").dump(), source);
+  } catch (const json::exception& e) {
+    throw DataError(source + ": must be the metrics state of a checkpoint, got " + e.what());
+  }
+}
+
 /// True when `dir` holds a finished run: a summary.json that parses as a
 /// JSON object (summary.json is written last and atomically; an empty or
 /// torn one, e.g. copied by hand or cut by a full disk, is not a finish).
@@ -439,6 +466,15 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   ckpt_options.every_n_epochs = config.output.checkpoint_every_n_epochs;
   // Each checkpoint carries the recipe: load_training_from_checkpoint rebuilds the run from it.
   ckpt_options.extra_files = {{kRecipeFile, config_to_spec_json(config)}};
+  // Issue 15: how far each metrics file had been written, and the epoch
+  // records' state, so a resume cuts them back there and continues exactly.
+  ckpt_options.dynamic_files = [csv, jsonl, progress]() {
+    json state;
+    state["metrics.csv"] = {{"bytes", csv->bytes_written()}, {"records", json::parse(csv->state_json())}};
+    state["metrics.jsonl"] = {{"bytes", jsonl->bytes_written()}};
+    state["progress"] = json::parse(progress->state_json());
+    return std::vector<std::pair<std::string, std::string>>{{kMetricsStateFile, state.dump()}};
+  };
   std::shared_ptr<checkpoint::CheckpointStore> store;
   std::shared_ptr<CheckpointHook> ckpt_hook;
 
@@ -465,6 +501,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
       err << "crucible: warning: checkpoint " << f.index << " is damaged (" << f.message
           << "); using an older one\n";
     }
+    if (writer) resume_metrics(*store, restored.index, *csv, *jsonl, *progress);
     out << fmt::format("resuming from checkpoint {} (step {}, epoch {}, batch {} of the epoch)\n",
                        restored.index, strategy.step_count, strategy.epoch_count,
                        strategy.epoch_step_count);
@@ -529,7 +566,24 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
           }));
     }
   }
-  strategy.run(loader);
+  try {
+    strategy.run(loader);
+  } catch (const MetricsWriteError& e) {
+    // Issue 15: a lost metrics line stops the run like a failed checkpoint.
+    std::string kept = "no checkpoint was written yet";
+    try {
+      const auto entries = store->list();
+      if (!entries.empty()) {
+        kept = "the newest checkpoint, " + entries.back().dir + " (step " +
+               std::to_string(entries.back().counters.step_count) + "), is intact";
+      }
+    } catch (const std::exception&) {
+      kept = "the checkpoint manifest cannot be read";
+    }
+    throw TrainingError(std::string(e.what()) + "; training stopped (" + kept + "). " +
+                        write_failure_advice(e) + ", then resume with: crucible train --resume " +
+                        run_dir.string());
+  }
   if (strategy.stopped_early() && !strategy.stop_reason().empty()) {
     // NonFiniteLossGuard: the step was not applied; the stop checkpoint holds
     // the last good state.

@@ -279,7 +279,11 @@ void CheckpointHook::on_boundary(TrainingStrategy& s, TrainingStrategy::Boundary
     if (!(due && b == B::kEnd)) return;
   }
   try {
-    written_.push_back(save_checkpoint(*store_, s, -1, options_.metric, options_.extra_files));
+    auto extra = options_.extra_files;
+    if (options_.dynamic_files) {
+      for (auto& f : options_.dynamic_files()) extra.push_back(std::move(f));
+    }
+    written_.push_back(save_checkpoint(*store_, s, -1, options_.metric, extra));
   } catch (const std::exception& e) {
     const std::string advice = write_failure_advice(e);
     // The store writes a new folder and renames the manifest last: a failed

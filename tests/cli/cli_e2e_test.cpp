@@ -482,6 +482,92 @@ TEST_F(CliTest, OneWriterPerRunDirectory) {
   EXPECT_EQ((ra == 1) + (rb == 1), 1) << ra << " " << rb;
 }
 
+/// metrics.csv without its elapsed_s column (the 3rd).
+std::string csv_without_times(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, out;
+  while (std::getline(in, line)) {
+    const auto a = line.find(','), b = line.find(',', a + 1), c = line.find(',', b + 1);
+    out += line.substr(0, b) + line.substr(c) + "\n";
+  }
+  return out;
+}
+
+/// metrics.jsonl lines without "elapsed_s".
+std::string jsonl_without_times(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, out;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    j.erase("elapsed_s");
+    out += j.dump() + "\n";
+  }
+  return out;
+}
+
+// Issue 15: killed at any point (SIGKILL after a batch whose checkpoint is
+// not yet written, in the middle and at the end of an epoch) or stopped by
+// SIGTERM, then resumed: metrics.csv, metrics.jsonl and summary.json equal
+// an uninterrupted run's apart from elapsed times.
+TEST_F(CliTest, ResumedMetricsEqualAnUninterruptedRunsApartFromTimes) {
+  const auto args_for = [&](const fs::path& run) {
+    auto a = tiny_args(run.string());
+    a.insert(a.end(), {"training.num_epochs=3", "output.checkpoint_every_n_steps=1",
+                       "output.log_every_n_steps=1"});
+    return a;
+  };
+  const fs::path full = dir_ / "metrics_full";
+  Result r = run_crucible(dir_, args_for(full));
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const std::string csv = csv_without_times(read_text(full / "metrics.csv"));
+  const std::string jsonl = jsonl_without_times(read_text(full / "metrics.jsonl"));
+  auto summary = nlohmann::json::parse(read_text(full / "summary.json"));
+  summary.erase("wall_time_s");
+  summary.erase("run_dir");
+  // 10 structures, batch 4: 3 batches an epoch, 9 in all.
+  for (const std::string fault : {"KILL=2", "KILL=3", "KILL=7", "SIGTERM=4"}) {
+    SCOPED_TRACE(fault);
+    const fs::path cut = dir_ / ("metrics_cut_" + fault.substr(0, fault.find('=')) + "_" +
+                                 fault.substr(fault.find('=') + 1));
+    const std::string at = fault.substr(fault.find('=') + 1);
+    const bool kill = fault.rfind("KILL", 0) == 0;
+    ::setenv(kill ? "CRUCIBLE_FAULT_KILL_AT_BATCH" : "CRUCIBLE_FAULT_SIGTERM_AT_BATCH",
+             (kill ? "0:" + at : at).c_str(), 1);
+    r = run_crucible(dir_, args_for(cut));
+    ::unsetenv("CRUCIBLE_FAULT_KILL_AT_BATCH");
+    ::unsetenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH");
+    EXPECT_EQ(r.rc, kill ? 128 + 9 : 143) << r.out << r.err;  // the shell reports SIGKILL as 137
+    ASSERT_FALSE(fs::exists(cut / "summary.json"));
+    r = run_crucible(dir_, {"train", "--resume", cut.string()});
+    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    EXPECT_EQ(csv_without_times(read_text(cut / "metrics.csv")), csv);
+    EXPECT_EQ(jsonl_without_times(read_text(cut / "metrics.jsonl")), jsonl);
+    auto s = nlohmann::json::parse(read_text(cut / "summary.json"));
+    s.erase("wall_time_s");
+    s.erase("run_dir");
+    EXPECT_EQ(s, summary);
+  }
+}
+
+// Issue 15: a metrics write that fails (a file-size limit) stops the run
+// with exit 3 naming the file, the cause and the checkpoint to resume from.
+TEST_F(CliTest, AFailedMetricsWriteStopsTheRun) {
+  const fs::path run = dir_ / "metrics_limit";
+  auto args = tiny_args(run.string());
+  args.insert(args.end(), {"training.num_epochs=20", "output.log_every_n_steps=1",
+                           "output.checkpoint_every_n_epochs=0"});
+  // From batch 2 on no file may grow past 4 KiB: metrics.jsonl does first.
+  ::setenv("CRUCIBLE_FAULT_FILE_SIZE_LIMIT_AT_BATCH", "2", 1);
+  const Result r = run_crucible(dir_, args);
+  ::unsetenv("CRUCIBLE_FAULT_FILE_SIZE_LIMIT_AT_BATCH");
+  EXPECT_EQ(r.rc, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find((run / "metrics.jsonl").string() + ": a metrics line could not be written (File too large)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("A file-size limit was reached"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run / "summary.json"));
+}
+
 TEST_F(CliTest, BadConfigFromTheCatalogStopsBeforeAnythingIsWritten) {
   const fs::path run = dir_ / "run_bad_config";
   auto args = tiny_args(run.string());

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,11 @@ class MetricsJsonlHook : public Hook {
   const LearningCurve& curve() const { return curve_; }
   /// Lines written so far (train and validation).
   int64_t lines_written() const { return lines_; }
+  /// Bytes in the file so far (what a checkpoint records); 0 before enter().
+  uint64_t bytes_written() const { return bytes_; }
+  /// Issue 15: a resumed run cuts the file to `bytes` (what the checkpoint
+  /// recorded) at the next enter(), then appends (no duplicated or torn lines).
+  void truncate_at_enter(uint64_t bytes) { truncate_to_ = bytes; }
   /// Empty, or why the last learning-curve write in exit() failed.
   const std::string& curve_error() const { return curve_error_; }
   const std::string& path() const { return path_; }
@@ -87,6 +93,8 @@ class MetricsJsonlHook : public Hook {
   std::vector<double> step_lrs_;  // lr of each optimizer at BEFORE_OPTIMIZER_STEP
   bool training_done_ = false;    // AFTER_TRAINING seen: the next validation is final
   int64_t lines_ = 0;
+  uint64_t bytes_ = 0;
+  std::optional<uint64_t> truncate_to_;
   LearningCurve curve_;
   std::string curve_error_;
 };

@@ -50,6 +50,15 @@ class EpochReportHook : public Hook {
   /// Every record emitted so far.
   const std::vector<EpochRecord>& records() const { return records_; }
 
+  /// Issue 15: what a resumed run needs to continue this hook's records
+  /// exactly, as JSON text: the open epoch's running means and counts, the
+  /// last record (without its validation), what was emitted last. Taken at
+  /// a checkpoint. Never throws.
+  std::string state_json() const;
+  /// Continues from a state_json() at the next enter() (which otherwise
+  /// starts empty). @throws DataError naming `source` for unreadable JSON.
+  void resume_from(const std::string& state_json, const std::string& source);
+
  protected:
   /// Called once per emitted record.
   virtual void report(const EpochRecord& record) = 0;
@@ -63,6 +72,7 @@ class EpochReportHook : public Hook {
   int64_t last_emitted_step_ = -1;
   bool last_emitted_validated_ = false;
   std::optional<ValidationSummary> last_validation_;
+  std::optional<std::string> resume_state_;  ///< applied by the next enter()
   std::vector<EpochRecord> records_;
 };
 
@@ -99,15 +109,27 @@ class MetricsCsvHook : public EpochReportHook {
   /// file). @throws DataError if it cannot be created.
   void enter() override;
   void exit(bool failed) override;
+  /// Bytes written to the file so far (header included); what a checkpoint
+  /// records. 0 before enter().
+  uint64_t bytes_written() const { return bytes_; }
+  /// Issue 15: a resumed run cuts the file to `bytes` (what the checkpoint
+  /// recorded) at the next enter(), then appends: rows written after the
+  /// checkpoint are not duplicated.
+  void truncate_at_enter(uint64_t bytes) { truncate_to_ = bytes; }
 
  protected:
+  /// Writes one row. @throws MetricsWriteError naming the file and the
+  /// system's reason when the write fails (full disk, file-size limit).
   void report(const EpochRecord& record) override;
 
  private:
   std::string path_;
   std::vector<std::string> loss_terms_;
   bool append_ = false;
+  void write_checked(const std::string& text);  // @throws MetricsWriteError
   std::ofstream file_;
+  uint64_t bytes_ = 0;
+  std::optional<uint64_t> truncate_to_;
 };
 
 /// Options of ProgressBarHook.

@@ -29,4 +29,12 @@ class TrainingError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A metrics file (metrics.csv, metrics.jsonl) could not be written (a full
+/// disk, a file-size limit): the run stops like after a failed checkpoint
+/// (issue 15). The message names the file and the system's reason.
+class MetricsWriteError : public TrainingError {
+ public:
+  using TrainingError::TrainingError;
+};
+
 }  // namespace crucible

@@ -108,6 +108,10 @@ struct CheckpointHookOptions {
   /// Written into every checkpoint next to the state (name -> bytes), e.g.
   /// the run's recipe as "recipe.json" for load_training_from_checkpoint.
   std::vector<std::pair<std::string, std::string>> extra_files;
+  /// Called at every save; the files it returns are written next to the
+  /// state (e.g. how far each metrics file had been written, issue 15).
+  /// Empty = none.
+  std::function<std::vector<std::pair<std::string, std::string>>()> dynamic_files;
 };
 
 /// Writes checkpoints at the strategy's boundaries (TrainingStrategy::
