@@ -9,6 +9,7 @@
 #include "crucible/cli/training_setup.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
+#include "crucible/distributed/launcher.h"
 #include "crucible/distributed/process_group.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/losses/loss.h"
@@ -293,7 +294,13 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
     po.timeout = std::chrono::milliseconds(
         static_cast<int64_t>(1000.0 * input_config.training.distributed.timeout_s));
     po.cuda = parse_device(input_config.training.device).is_cuda();
+    // Fault injection for the end-to-end tests: worker RANK dies during
+    // start-up, before the first collective.
+    if (const char* r = std::getenv("CRUCIBLE_FAULT_EXIT_AT_START")) {
+      if (std::atoi(r) == env->rank) std::_Exit(1);
+    }
     comm = make_process_group(*env, po);
+    signal_launcher_ready();  // joined: from now on a failure is no start-up failure
     local_rank = env->local_rank;
   }
   // Rank 0 alone prints and writes (run directory, metrics, checkpoints, model).

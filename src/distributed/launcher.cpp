@@ -3,6 +3,7 @@
 #include "crucible/distributed/launcher.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cerrno>
 #include <map>
 #include <system_error>
@@ -70,6 +72,13 @@ int launch_local_workers(const std::string& executable, const std::vector<std::s
     for (const auto& [pid, rank] : rank_of) ::kill(pid, sig);
   };
   const pid_t launcher = ::getpid();
+  // Workers write one byte here once they joined the process group: a worker
+  // that dies before every worker did stops the start-up at once (no state
+  // to save yet) instead of after the others' timeouts (issue 15).
+  int ready_pipe[2] = {-1, -1};
+  if (::pipe2(ready_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw std::system_error(errno, std::generic_category(), "pipe for worker start-up");
+  }
   for (int r = 0; r < options.nproc; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) {
@@ -85,6 +94,9 @@ int launch_local_workers(const std::string& executable, const std::vector<std::s
       if (::getppid() != launcher) ::_exit(kExitLauncherGone);
       sigaction(SIGINT, &old_int, nullptr);
       sigaction(SIGTERM, &old_term, nullptr);
+      ::fcntl(ready_pipe[1], F_SETFD, 0);  // inherited across exec
+      ::fcntl(ready_pipe[1], F_SETFL, 0);
+      ::setenv(kLauncherReadyFdEnv, std::to_string(ready_pipe[1]).c_str(), 1);
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
@@ -101,6 +113,13 @@ int launch_local_workers(const std::string& executable, const std::vector<std::s
     rank_of[pid] = r;
   }
 
+  ::close(ready_pipe[1]);
+  int ready = 0;
+  auto read_ready = [&] {
+    char buf[64];
+    ssize_t n;
+    while ((n = ::read(ready_pipe[0], buf, sizeof buf)) > 0) ready += static_cast<int>(n);
+  };
   int result = 0;
   bool failed = false;
   auto deadline = std::chrono::steady_clock::time_point::max();
@@ -119,6 +138,17 @@ int launch_local_workers(const std::string& executable, const std::vector<std::s
                                                      WEXITSTATUS(status) == 128 + SIGTERM);
       if (signal_stop) {
         if (!failed) result = WEXITSTATUS(status);
+        continue;
+      }
+      read_ready();
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !failed && ready < options.nproc) {
+        failed = true;
+        result = exit_code(status);
+        err << "crucible: error: worker rank " << rank << " " << describe(status)
+            << " during start-up (before every worker joined the process group); stopping the "
+               "other workers\n";
+        err.flush();
+        kill_all(SIGKILL);
         continue;
       }
       if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !failed) {
@@ -146,9 +176,25 @@ int launch_local_workers(const std::string& executable, const std::vector<std::s
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  ::close(ready_pipe[0]);
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   return result;
+}
+
+}  // namespace crucible
+
+namespace crucible {
+
+void signal_launcher_ready() {
+  const char* fd_text = std::getenv(kLauncherReadyFdEnv);
+  if (!fd_text) return;
+  const int fd = std::atoi(fd_text);
+  ::unsetenv(kLauncherReadyFdEnv);
+  if (fd < 0) return;
+  const char byte = 'r';
+  (void)!::write(fd, &byte, 1);
+  ::close(fd);
 }
 
 }  // namespace crucible

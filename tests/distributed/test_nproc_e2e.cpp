@@ -151,6 +151,19 @@ TEST_F(NprocTest, TwoWorkerRunStoppedBySigtermResumesWithOneWorker) {
   EXPECT_EQ(summary.at("steps"), 30);
 }
 
+// Issue 15: a worker that dies during start-up (before every worker joined
+// the process group) is reported at once, not after the others' timeouts.
+TEST_F(NprocTest, AWorkerDyingAtStartUpIsReportedWithinTheTimeout) {
+  auto a = args("startup", 2, 20);
+  a.insert(a.begin() + 1, {"--nproc", "2"});
+  a.push_back("training.distributed.timeout_s=30");
+  Result r = run(dir_, "CRUCIBLE_FAULT_EXIT_AT_START=1", a);
+  EXPECT_NE(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("worker rank 1 exited with code 1 during start-up"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 30.0) << "reported within training.distributed.timeout_s";
+  EXPECT_EQ(r.err.find("did not stop in time"), std::string::npos) << r.err;
+}
+
 /// PIDs of processes whose command line contains `needle` (from /proc).
 std::vector<int> processes_with(const std::string& needle) {
   std::vector<int> out;

@@ -9,6 +9,14 @@
 
 namespace crucible {
 
+/// Environment variable naming the pipe a launched worker writes one byte
+/// to once it joined the process group (signal_launcher_ready).
+inline constexpr const char* kLauncherReadyFdEnv = "CRUCIBLE_LAUNCHER_READY_FD";
+
+/// Tells the launcher (if this process was started by launch_local_workers)
+/// that this worker joined the process group. Never throws; a no-op otherwise.
+void signal_launcher_ready();
+
 /// Options of launch_local_workers.
 struct LaunchOptions {
   int nproc = 2;  ///< workers, >= 1.
@@ -29,7 +37,10 @@ int free_local_port();
 /// Returns 0 if every worker exited 0, else the first failure's exit code
 /// (128 + signal for a killed worker); workers that stopped after a SIGINT /
 /// SIGTERM (exit 130 / 143, checkpoint written) are no failure and their
-/// code is passed on. Every worker gets PR_SET_PDEATHSIG = SIGKILL (and
+/// code is passed on. A worker that fails before every worker called
+/// signal_launcher_ready() (start-up: nothing to save yet) makes the
+/// launcher kill the others at once, so the failure is reported within
+/// moments instead of after their timeouts. Every worker gets PR_SET_PDEATHSIG = SIGKILL (and
 /// checks its parent before exec), so a launcher killed with SIGKILL takes
 /// its workers with it.
 /// @throws std::system_error if a worker cannot be started.
