@@ -3,6 +3,7 @@
 // stderr and the child's own peak resident memory (wait4).
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -79,6 +80,17 @@ inline Outcome run_crucible(const fs::path& cwd, const std::vector<std::string>&
   o.max_rss_kib = usage.ru_maxrss;
   o.err = read_text(err_file);
   return o;
+}
+
+/// A new, empty folder for the running GoogleTest case
+/// (TMPDIR/<prefix>_<pid>_<test name>), removed first if it exists.
+inline fs::path fresh_test_dir(const std::string& prefix) {
+  const fs::path dir = fs::temp_directory_path() /
+                       (prefix + "_" + std::to_string(::getpid()) + "_" +
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
 }
 
 /// The last non-empty line of `text`.

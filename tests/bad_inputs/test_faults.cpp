@@ -26,10 +26,7 @@ namespace fs = std::filesystem;
 class Faults : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("crucible_faults_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = fresh_test_dir("crucible_faults");
     write_text(dir_ / "tiny.xyz", tial_frames(10));
   }
   void TearDown() override {
