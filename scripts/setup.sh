@@ -11,7 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev                 # OpenSSL libcrypto: SHA-256 of checkpoint files
   libgloo-dev                # Gloo headers for c10d ProcessGroupGloo (data-parallel training)
-  python3 python3-ase python3-torch python3-numpy   # test oracles
+  python3 python3-ase python3-torch python3-numpy python3-scipy python3-sympy   # test oracles
   clang libclang-rt-14-dev llvm   # libFuzzer targets (scripts/fuzz.sh), llvm-symbolizer for sanitizer reports
 )
 
