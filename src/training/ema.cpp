@@ -1,10 +1,6 @@
 #include "crucible/training/ema.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
-
-#include <mutex>
-#include <vector>
+#include "crucible/training/rng_state.h"
 
 #include <ATen/core/grad_mode.h>
 
@@ -73,43 +69,6 @@ UpdateDecision EmaHook::operator()(TrainContext& ctx, TrainingStage stage, bool 
   return {true, ctx.loss};
 }
 
-namespace {
-
-/// Saves the default CPU generator (and each visible CUDA device's) and
-/// puts them back on destruction.
-class PreservedRngState {
- public:
-  PreservedRngState() {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    cpu_ = gen.get_state();
-    if (at::hasCUDA()) {
-      for (size_t i = 0; i < at::getNumGPUs(); ++i) {
-        auto g = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<int>(i)));
-        std::lock_guard<std::mutex> l(g.mutex());
-        cuda_.push_back(g.get_state());
-      }
-    }
-  }
-  ~PreservedRngState() {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(cpu_);
-    for (size_t i = 0; i < cuda_.size(); ++i) {
-      auto g = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<int>(i)));
-      std::lock_guard<std::mutex> l(g.mutex());
-      g.set_state(cuda_[i]);
-    }
-  }
-  PreservedRngState(const PreservedRngState&) = delete;
-  PreservedRngState& operator=(const PreservedRngState&) = delete;
-
- private:
-  at::Tensor cpu_;
-  std::vector<at::Tensor> cuda_;
-};
-
-}  // namespace
 
 void EmaHook::publish(TrainContext& ctx) {
   if (options_.publish_inference_model && ctx.strategy) {

@@ -4,6 +4,7 @@
 #include "crucible/training/strategy.h"
 
 #include "crucible/checkpoint/tensor_archive.h"
+#include "crucible/training/rng_state.h"
 #include "crucible/common/error.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -134,21 +135,8 @@ std::vector<std::pair<std::string, std::string>> TrainingStrategy::state_files()
     ++k;
   }
   files.emplace_back("hooks.pt", to_bytes(hooks));
-  at::Tensor rng;
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng = gen.get_state();
-  }
-  TensorMap rngs{{"cpu", rng}};
-  // CUDA generators, one per visible device ("cuda:<i>"), when CUDA is built in.
-  if (at::hasCUDA()) {
-    for (size_t i = 0; i < at::getNumGPUs(); ++i) {
-      auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<int>(i)));
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      rngs["cuda:" + std::to_string(i)] = gen.get_state();
-    }
-  }
+  // The CPU generator ("cpu") and, in CUDA builds, each visible GPU's ("cuda:<i>").
+  const TensorMap rngs = capture_rng_states();
   files.emplace_back("rng.pt", to_bytes(rngs));
   return files;
 }
@@ -228,22 +216,8 @@ void TrainingStrategy::restore_state_files(const std::map<std::string, std::stri
       throw DataError("hooks.pt: hook '" + registered[i]->name() + "': " + e.what());
     }
   }
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(entry(rng, "rng.pt", "cpu"));
-  }
-  // CUDA generator states of the devices this process has; a resume on
-  // fewer (or no) GPUs restores those that exist.
-  if (at::hasCUDA()) {
-    for (size_t i = 0; i < at::getNumGPUs(); ++i) {
-      auto it = rng.find("cuda:" + std::to_string(i));
-      if (it == rng.end()) continue;
-      auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<int>(i)));
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(it->second);
-    }
-  }
+  (void)entry(rng, "rng.pt", "cpu");  // required; CUDA states of GPUs this process lacks are skipped
+  restore_rng_states(rng);
   // Optimizer, scheduler and gradient state wait for the optimizers.
   pending_state_.clear();
   for (const auto& [name, bytes] : files) {
