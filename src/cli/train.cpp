@@ -577,17 +577,8 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
     strategy.run(loader);
   } catch (const MetricsWriteError& e) {
     // Issue 15: a lost metrics line stops the run like a failed checkpoint.
-    std::string kept = "no checkpoint was written yet";
-    try {
-      const auto entries = store->list();
-      if (!entries.empty()) {
-        kept = "the newest checkpoint, " + entries.back().dir + " (step " +
-               std::to_string(entries.back().counters.step_count) + "), is intact";
-      }
-    } catch (const std::exception&) {
-      kept = "the checkpoint manifest cannot be read";
-    }
-    throw TrainingError(std::string(e.what()) + "; training stopped (" + kept + "). " +
+    throw TrainingError(std::string(e.what()) + "; training stopped (checkpoints: " +
+                        describe_newest_checkpoint(*store) + "). " +
                         write_failure_advice(e) + ", then resume with: crucible train --resume " +
                         run_dir.string());
   }

@@ -166,6 +166,17 @@ void check_restored_counters(const LoadedCheckpoint& loaded, const TrainingStrat
 
 }  // namespace
 
+std::string describe_newest_checkpoint(const checkpoint::CheckpointStore& store) {
+  try {
+    const auto entries = store.list();
+    if (entries.empty()) return "no earlier checkpoint";
+    return "the newest, " + entries.back().dir + " (step " +
+           std::to_string(entries.back().counters.step_count) + "), is intact";
+  } catch (const std::exception&) {
+    return "the manifest cannot be read either";
+  }
+}
+
 std::string write_failure_advice(const std::exception& e) {
   int code = 0;
   if (const auto* se = dynamic_cast<const std::system_error*>(&e)) code = se->code().value();
@@ -288,14 +299,7 @@ void CheckpointHook::on_boundary(TrainingStrategy& s, TrainingStrategy::Boundary
     const std::string advice = write_failure_advice(e);
     // The store writes a new folder and renames the manifest last: a failed
     // write leaves every earlier checkpoint as it was.
-    std::string kept = "no earlier checkpoint";
-    try {
-      const auto entries = store_->list();
-      if (!entries.empty()) kept = "the newest, " + entries.back().dir + " (step " +
-                                   std::to_string(entries.back().counters.step_count) + "), is intact";
-    } catch (const std::exception&) {
-      kept = "the manifest cannot be read either";
-    }
+    const std::string kept = describe_newest_checkpoint(*store_);
     throw TrainingError("checkpoint at step " + std::to_string(s.step_count) + " could not be written to " +
                         store_->dir().string() + ": " + e.what() + "; earlier checkpoints are unchanged (" +
                         kept + "). " + advice + ", then resume from the run directory with --resume");

@@ -196,8 +196,7 @@ void TrainingStrategy::check_configs() {
   entries_.clear();
   if (options_.optimizer_configs.empty()) {
     if (models_.count("main") == 0) {
-      std::string names;
-      for (const auto& [n, m] : models_) names += (names.empty() ? "" : ", ") + n;
+      const std::string names = model_names();
       throw ConfigError("optimizer_configs must name the models to train when there is no model "
                         "'main', got none (models: " + names + ")");
     }
@@ -205,8 +204,7 @@ void TrainingStrategy::check_configs() {
   } else {
     for (const auto& [name, configs] : options_.optimizer_configs) {
       if (models_.count(name) == 0) {
-        std::string names;
-        for (const auto& [n, m] : models_) names += (names.empty() ? "" : ", ") + n;
+        const std::string names = model_names();
         throw ConfigError("optimizer_configs key '" + name + "' must name a model (" + names +
                           "), got no such model");
       }
@@ -321,6 +319,12 @@ void TrainingStrategy::close() {
   if (first) std::rethrow_exception(first);
 }
 
+std::string TrainingStrategy::model_names() const {
+  std::string names;
+  for (const auto& [n, m] : models_) names += (names.empty() ? "" : ", ") + n;
+  return names;
+}
+
 std::string TrainingStrategy::model_name_of_primary() const {
   for (const auto& [name, m] : models_) {
     if (m == model_) return name;
@@ -331,8 +335,7 @@ std::string TrainingStrategy::model_name_of_primary() const {
 void TrainingStrategy::set_inference_model(std::shared_ptr<EnergyModel> model,
                                            const std::string& model_key) {
   if (models_.count(model_key) == 0) {
-    std::string names;
-    for (const auto& [n, m] : models_) names += (names.empty() ? "" : ", ") + n;
+    const std::string names = model_names();
     throw ConfigError("set_inference_model: model_key must name a model (" + names + "), got '" +
                       model_key + "'");
   }

@@ -7,8 +7,6 @@
 #include "crucible/training/rng_state.h"
 #include "crucible/common/error.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>

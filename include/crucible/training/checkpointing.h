@@ -43,6 +43,11 @@ checkpoint::CheckpointEntry save_checkpoint(
     const std::string& metric = "",
     const std::vector<std::pair<std::string, std::string>>& extra_files = {});
 
+/// What a failed write leaves to resume from, for its message: "the newest,
+/// ckpt-000001 (step 2), is intact", "no earlier checkpoint", or "the
+/// manifest cannot be read either". Never throws.
+std::string describe_newest_checkpoint(const checkpoint::CheckpointStore& store);
+
 /// The advice that fits why a checkpoint write failed (issue 15): a full
 /// disk or quota (ENOSPC, EDQUOT), a file-size limit (EFBIG), a permission
 /// error (EACCES, EPERM), a read-only file system (EROFS), a held lock; read

@@ -465,6 +465,8 @@ class TrainingStrategy {
   // from_checkpoint_dict). @throws std::invalid_argument.
   void prepare_restart_counters(int64_t batches_per_epoch);
   void zero_optimizer_filtered_gradients();
+  // Every model name, comma-separated (for messages).
+  std::string model_names() const;
   // Seed 004 convert_input (geometry kept >= float32), or a cast to options.dtype.
   Batch convert_batch(const Batch& batch) const;
   // Backward and optimizer steps when no hook owns them (through the plugin).
