@@ -1,0 +1,115 @@
+#pragma once
+// MACE (Batatia, Kovács, Simm, Ortner, Csányi, NeurIPS 2022, arXiv
+// 2206.07697), in the layout of the reference code's ScaleShiftMACE
+// (mace/modules/models.py, v0.3): issue 16.
+
+#include "crucible/models/energy_model.h"
+#include "crucible/models/mace/irreps.h"
+#include "crucible/models/mace/symmetric_contraction.h"
+#include "crucible/models/mace/tensor_product.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+/// MACE hyperparameters (the reference code's names and defaults).
+struct MaceOptions {
+  std::string hidden_irreps = "32x0e+32x1o";  ///< one multiplicity C for every irrep; must hold 0e.
+  int max_ell = 3;                 ///< harmonics of the edge direction to l = max_ell (1..3).
+  int correlation = 3;             ///< body order - 1 of the product basis (1..3).
+  int64_t num_interactions = 2;    ///< message-passing layers (>= 1).
+  int64_t num_bessel = 8;          ///< Bessel radial functions.
+  int64_t num_polynomial_cutoff = 5;  ///< envelope exponent p.
+  std::vector<int64_t> radial_mlp = {64, 64, 64};  ///< hidden widths of the radial MLP.
+  int64_t readout_mlp = 16;        ///< hidden width of the last readout (MACE's MLP_irreps 16x0e).
+  double cutoff = 5.0;             ///< r_max, Å.
+  double avg_num_neighbors = 1.0;  ///< messages are divided by it (from the training set).
+  std::vector<int64_t> atomic_numbers;  ///< the elements (one-hot order), ascending, non-empty.
+  /// Autograd-only reference path (dense einsums; the fast path is tested
+  /// against it to 1e-10). Not a config key. Default false.
+  bool reference_autograd = false;
+};
+
+/// MACE energy model.
+///
+/// Per atom i with element one-hot z_i and neighbors j (r_ij = r_j − r_i):
+///   h⁰_i = W_emb z_i / √n_elem                                    (Cx0e)
+/// per layer t:
+///   R(r) = MLP(b(r) f(r))  (Bessel basis b, envelope f, SiLU MLP, no bias)
+///   A_i = Linear( Σ_j R(r_ij) ⊙ (Linear_up h_j ⊗ Y(r̂_ij)) ) / avg_num_neighbors
+///   (first layer: A_i ← element-dependent linear of A_i)
+///   h_i = Linear( Σ_ν Σ_k W_ν,k(z_i) B_ν,k(A_i) ) [+ element-dependent linear of h_i, t > 0]
+///   e_i += readout_t(h_i)  (linear; the last an MLP with SiLU)
+/// E = Σ_i (E0[Z_i] + scale · e_i + shift)   (eV).
+/// Linear maps act per irrep on channels, scaled 1/√fan_in with N(0,1)
+/// weights (e3nn's o3.Linear); the symmetric contraction B is described in
+/// symmetric_contraction.h. The last layer produces scalars only.
+///
+/// Precision (issue 16, deliverable 4): edge vectors, distances, radial
+/// basis, harmonics, the coupling tables, the readout sum, scale / shift /
+/// E0 and the per-structure sum run with autocast off in the positions'
+/// dtype; only the linear maps, the radial MLP and the contractions follow
+/// the parameters' dtype or an autocast region; node features and message
+/// sums are kept in the parameters' dtype (float32 in the mixed modes).
+class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
+ public:
+  /// Parameters in float32. @throws std::invalid_argument naming the option
+  /// (hidden_irreps not parsable, unequal multiplicities, no 0e, l above
+  /// max_ell... ; max_ell / correlation outside 1..3; no elements; ...).
+  explicit MaceImpl(MaceOptions options);
+  void reset() override;
+
+  at::Tensor energy(const Batch& batch) override;
+  torch::nn::Module& module() override { return *this; }
+  double cutoff() const override { return options_.cutoff; }
+  std::string name() const override { return "mace"; }
+  std::shared_ptr<EnergyModel> clone_model() const override;
+  std::vector<int64_t> elements() const override { return options_.atomic_numbers; }
+
+  /// Per-atom energy without E0: scale · Σ_t e_t + shift, [N] eV.
+  /// @throws std::invalid_argument for an element the model was not built for.
+  at::Tensor atomic_energies(const Batch& batch);
+  /// E0 [119] eV (index Z), scale (eV), shift (eV/atom).
+  /// @throws std::invalid_argument on a wrong e0 shape or non-finite values.
+  void set_energy_normalization(const at::Tensor& e0, double scale, double shift);
+  const MaceOptions& options() const { return options_; }
+  void set_reference_autograd(bool on) { options_.reference_autograd = on; }
+
+ private:
+  struct Layer {
+    mace::Irreps node, target, out;  // per channel (multiplicity 1)
+    std::shared_ptr<mace::ConvTensorProduct> tp;
+    std::shared_ptr<mace::MonomialTable> table;
+    std::vector<const mace::SymmetricBasis*> bases;  // [out][ν] flattened out·corr + ν-1
+    size_t out_scalar = 0;  // index of 0e in `out`
+  };
+  at::Tensor element_index(const at::Tensor& atomic_numbers) const;
+  at::Tensor radial_weights(int64_t t, const at::Tensor& edge_feats) const;
+  at::Tensor layer_forward(int64_t t, const at::Tensor& h, const at::Tensor& elem, const at::Tensor& sender,
+                           const at::Tensor& receiver, const at::Tensor& Y, const at::Tensor& radial,
+                           const std::vector<at::Tensor>* tables);
+
+  MaceOptions options_;
+  mace::Irreps hidden_;  // per channel
+  int64_t channels_ = 0;
+  std::vector<Layer> layers_;
+  at::Tensor z_index_;  // [119] int64 CPU, -1 = unknown element
+  std::vector<std::vector<at::Tensor>> radial_, linear_up_, linear_, skip_, product_linear_;
+  std::vector<std::vector<std::vector<at::Tensor>>> product_weights_;  // [t][out][ν]
+  std::vector<std::vector<at::Tensor>> readout_;
+  at::Tensor embedding_, e0_, scale_, shift_;
+};
+TORCH_MODULE(Mace);
+
+/// Mean number of neighbors per atom within `cutoff` over `counts` (edges
+/// per structure / atoms per structure, summed): MACE's avg_num_neighbors.
+/// Returns 1 when there are no atoms. Never throws.
+double average_num_neighbors(int64_t total_edges, int64_t total_atoms);
+
+}  // namespace crucible

@@ -1,0 +1,34 @@
+#pragma once
+// MACE's radial embedding: Bessel basis × polynomial envelope, and the
+// normalised SiLU of its radial MLP (issue 16).
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace crucible::mace {
+
+/// Bessel radial basis (DimeNet, Gasteiger et al., ICLR 2020, eq. 7; MACE's
+/// BesselBasis): b_n(r) = √(2/r_max) · sin(nπr/r_max) / r, n = 1..num_basis.
+/// @param r [E] distances (Å), floating, r > 0 (r = 0 gives nπ√(2/r_max)/r_max,
+///        the limit).
+/// @returns [E, num_basis] in r's dtype and device; differentiable.
+/// @throws std::invalid_argument if r_max <= 0 or num_basis < 1.
+at::Tensor bessel_basis(const at::Tensor& r, double r_max, int64_t num_basis);
+
+/// Polynomial envelope (Gasteiger et al., ICLR 2020, eq. 8; MACE's
+/// PolynomialCutoff) with x = r / r_max:
+///   f(x) = 1 − (p+1)(p+2)/2 · x^p + p(p+2) · x^(p+1) − p(p+1)/2 · x^(p+2)
+/// for x < 1, else 0; f(1) = f'(1) = f''(1) = 0, so energies and forces are
+/// continuous when a neighbor crosses r_max.
+/// @param r [E] distances (Å). @returns [E] in r's dtype; differentiable.
+/// @throws std::invalid_argument if r_max <= 0 or p < 1.
+at::Tensor polynomial_cutoff(const at::Tensor& r, double r_max, int64_t p);
+
+/// The factor c with E[(c · silu(z))²] = 1 for z ~ N(0, 1) (e3nn's
+/// normalize2mom, which MACE's radial MLP and readout use): c ≈ 1.6765.
+/// Computed once by trapezoidal quadrature on [-12, 12] (error < 1e-12).
+/// Never throws.
+double normalized_silu_factor();
+
+}  // namespace crucible::mace

@@ -1,0 +1,77 @@
+#pragma once
+// MACE's interaction: the channel-wise ("uvu") tensor product of node
+// features with the edge harmonics, weighted per edge and channel by the
+// radial MLP (Batatia et al., NeurIPS 2022, arXiv 2206.07697, eq. 8), issue 16.
+
+#include "crucible/models/mace/irreps.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace crucible::mace {
+
+/// One coupling path l1 (a term of the node irreps) ⊗ l2 (a harmonic) → l3
+/// (a term of the target irreps), with parity p1 · (−1)^l2 = p3.
+struct TensorProductPath {
+  size_t in_term = 0;      ///< index of l1 in the node irreps.
+  int sh_l = 0;            ///< l2.
+  Irrep out;               ///< l3 with its parity.
+  size_t target_term = 0;  ///< index of l3 in the target irreps.
+  int64_t mid_offset = 0;  ///< first row of this path in the message [E, Dmid, C].
+  /// √(2 l3 + 1) · real_coupling(l1, l2, l3): [2l1+1, 2l2+1, 2l3+1] float64
+  /// (e3nn's "component" irrep normalisation with "element" path
+  /// normalisation, one path per output as MACE builds it).
+  at::Tensor coupling;
+};
+
+/// The paths of node irreps `in` (per channel, multiplicity 1 each) with
+/// harmonics 0..max_ell into `target` (per channel), in the order: by input
+/// term, then harmonic, then output. Feature layout everywhere: [rows, D, C]
+/// (components of all irreps of a channel along D, channels along C).
+class ConvTensorProduct {
+ public:
+  /// @throws std::invalid_argument if an irreps has a multiplicity other
+  ///         than 1 or no path reaches `target`.
+  ConvTensorProduct(const Irreps& in, int max_ell, const Irreps& target);
+
+  const std::vector<TensorProductPath>& paths() const { return paths_; }
+  int64_t num_paths() const { return static_cast<int64_t>(paths_.size()); }
+  /// Rows of the message: Σ over paths of 2 l3 + 1.
+  int64_t mid_dim() const { return mid_dim_; }
+  const Irreps& in() const { return in_; }
+  const Irreps& target() const { return target_; }
+
+  /// Parameter-free per-edge tables, once per structure and layer type:
+  /// for each input term, T[e, r, i] = Σ_j coupling[i, j, k] Y[e, sh_off + j]
+  /// over that term's paths (r runs over their rows). Y [E, (max_ell+1)²].
+  /// Returns one [E, rows_t, 2l1+1] tensor per input term (undefined if the
+  /// term has no path), in Y's dtype.
+  std::vector<at::Tensor> edge_tables(const at::Tensor& Y) const;
+
+  /// Fast path: messages m[e, row, c] = w[e, path(row), c] · Σ_i T[e, row, i] x[e, i, c]
+  /// with one batched GEMM per input term. x_sender [E, D_in, C],
+  /// tables from edge_tables (cast to x's dtype), weights [E, P, C].
+  /// Returns [E, mid_dim, C].
+  at::Tensor messages(const at::Tensor& x_sender, const std::vector<at::Tensor>& tables,
+                      const at::Tensor& weights) const;
+
+  /// Reference path: the same with a dense einsum per path (autograd only).
+  at::Tensor messages_reference(const at::Tensor& x_sender, const at::Tensor& Y,
+                                const at::Tensor& weights) const;
+
+  /// Rows of each input term's table in the message (offsets), for tests.
+  const std::vector<std::vector<size_t>>& term_paths() const { return term_paths_; }
+
+ private:
+  Irreps in_, target_;
+  int max_ell_ = 0;
+  std::vector<TensorProductPath> paths_;
+  std::vector<std::vector<size_t>> term_paths_;  // per input term: its paths
+  std::vector<at::Tensor> term_coupling_;        // per input term: [Dsh, rows·(2l1+1)] float64
+  std::vector<at::Tensor> term_row_path_;        // per input term: [rows] path index
+  int64_t mid_dim_ = 0;
+};
+
+}  // namespace crucible::mace

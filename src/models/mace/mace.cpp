@@ -1,0 +1,411 @@
+// MACE (Batatia et al., NeurIPS 2022, arXiv 2206.07697). See
+// include/crucible/models/mace/mace.h for the equations.
+
+#include "crucible/models/mace/mace.h"
+#include "crucible/models/cfconv.h"
+#include "crucible/models/mace/radial.h"
+#include "crucible/models/mace/spherical_harmonics.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+namespace crucible {
+namespace {
+
+using mace::Irrep;
+using mace::Irreps;
+
+[[noreturn]] void fail(const std::string& what) { throw std::invalid_argument("MaceOptions: " + what); }
+
+/// Per-channel irreps: every multiplicity 1.
+Irreps per_channel(const std::vector<Irrep>& irreps) {
+  std::vector<mace::MulIrrep> terms;
+  for (const auto& ir : irreps) terms.push_back({1, ir});
+  return Irreps(terms);
+}
+
+/// The harmonics' irreps 0e + 1o + ... to max_ell.
+Irreps sh_irreps(int max_ell) {
+  std::vector<Irrep> v;
+  for (int l = 0; l <= max_ell; ++l) v.push_back({l, l % 2 ? -1 : 1});
+  return per_channel(v);
+}
+
+std::vector<Irrep> irreps_of(const Irreps& x) {
+  std::vector<Irrep> v;
+  for (const auto& t : x.terms()) v.push_back(t.irrep);
+  return v;
+}
+
+/// x [rows, D, C] @ per-term W [C, C'] / √C, term by term.
+at::Tensor linear_irreps(const at::Tensor& x, const Irreps& irreps, const std::vector<at::Tensor>& W) {
+  const auto offsets = irreps.offsets();
+  std::vector<at::Tensor> parts;
+  for (size_t a = 0; a < irreps.size(); ++a) {
+    const at::Tensor xa = x.narrow(1, offsets[a], irreps.terms()[a].irrep.dim());
+    parts.push_back(at::matmul(xa, W[a]) * (1.0 / std::sqrt(static_cast<double>(W[a].size(0)))));
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
+}
+
+/// Element-dependent linear map of one term: x [N, d, C], W [n_elem, C, C'],
+/// elem [N] → [N, d, C'] / √(C · n_elem) (e3nn's FullyConnectedTensorProduct
+/// with the one-hot node attributes, as MACE's skip_tp).
+at::Tensor element_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& elem) {
+  const double norm = 1.0 / std::sqrt(static_cast<double>(W.size(0) * W.size(1)));
+  return at::bmm(x, W.index_select(0, elem)) * norm;
+}
+
+at::Tensor normal(std::vector<int64_t> shape) { return at::randn(shape, at::kFloat); }
+
+}  // namespace
+
+double average_num_neighbors(int64_t total_edges, int64_t total_atoms) {
+  if (total_atoms <= 0) return 1.0;
+  return static_cast<double>(total_edges) / static_cast<double>(total_atoms);
+}
+
+MaceImpl::MaceImpl(MaceOptions options) : options_(std::move(options)) {
+  const auto& o = options_;
+  if (o.max_ell < 1 || o.max_ell > 3) fail("max_ell must be in 1..3, got " + std::to_string(o.max_ell));
+  if (o.correlation < 1 || o.correlation > 3) fail("correlation must be in 1..3, got " + std::to_string(o.correlation));
+  if (o.num_interactions < 1) fail("num_interactions must be >= 1, got " + std::to_string(o.num_interactions));
+  if (o.num_bessel < 1) fail("num_bessel must be >= 1, got " + std::to_string(o.num_bessel));
+  if (o.num_polynomial_cutoff < 1) fail("num_polynomial_cutoff must be >= 1, got " + std::to_string(o.num_polynomial_cutoff));
+  if (o.readout_mlp < 1) fail("readout_mlp must be >= 1, got " + std::to_string(o.readout_mlp));
+  for (int64_t w : o.radial_mlp)
+    if (w < 1) fail("radial_mlp widths must be >= 1, got " + std::to_string(w));
+  if (!(o.cutoff > 0.0) || !std::isfinite(o.cutoff)) fail("cutoff must be a finite number > 0");
+  if (!(o.avg_num_neighbors > 0.0) || !std::isfinite(o.avg_num_neighbors)) fail("avg_num_neighbors must be a finite number > 0");
+  if (o.atomic_numbers.empty()) fail("atomic_numbers must list at least one element");
+  for (size_t k = 0; k < o.atomic_numbers.size(); ++k) {
+    const int64_t z = o.atomic_numbers[k];
+    if (z < 1 || z > 118) fail("atomic_numbers must be in 1..118, got " + std::to_string(z));
+    if (k > 0 && z <= o.atomic_numbers[k - 1]) fail("atomic_numbers must be ascending without repeats");
+  }
+  Irreps hidden;
+  try {
+    hidden = Irreps::parse(o.hidden_irreps, 3);
+  } catch (const std::exception& e) {
+    fail(std::string("hidden_irreps: ") + e.what());
+  }
+  if (hidden.size() == 0) fail("hidden_irreps must not be empty");
+  const int64_t C = hidden.terms()[0].mul;
+  std::set<std::string> seen;
+  bool has_scalar = false;
+  for (const auto& t : hidden.terms()) {
+    if (t.mul != C) {
+      fail("hidden_irreps '" + o.hidden_irreps + "' must use one multiplicity for every irrep (as MACE), got " +
+           std::to_string(t.mul) + " and " + std::to_string(C));
+    }
+    if (!seen.insert(t.irrep.to_string()).second) fail("hidden_irreps '" + o.hidden_irreps + "' repeats " + t.irrep.to_string());
+    if (t.irrep.l > o.max_ell) {
+      fail("hidden_irreps '" + o.hidden_irreps + "' has l = " + std::to_string(t.irrep.l) + " above max_ell = " + std::to_string(o.max_ell));
+    }
+    if (t.irrep.l == 0 && t.irrep.parity == 1) has_scalar = true;
+  }
+  if (!has_scalar) fail("hidden_irreps '" + o.hidden_irreps + "' must contain scalars (0e)");
+  channels_ = C;
+  hidden_ = per_channel(irreps_of(hidden));
+  reset();
+}
+
+void MaceImpl::reset() {
+  const auto& o = options_;
+  const int64_t C = channels_;
+  const int64_t nE = static_cast<int64_t>(o.atomic_numbers.size());
+  const int64_t T = o.num_interactions;
+  z_index_ = at::full({119}, -1, at::kLong);
+  for (int64_t k = 0; k < nE; ++k) z_index_[o.atomic_numbers[static_cast<size_t>(k)]] = k;
+
+  const Irreps target = sh_irreps(o.max_ell);
+  const Irreps scalar = per_channel({Irrep{0, 1}});
+  layers_.clear();
+  radial_.assign(static_cast<size_t>(T), {});
+  linear_up_.assign(static_cast<size_t>(T), {});
+  linear_.assign(static_cast<size_t>(T), {});
+  skip_.assign(static_cast<size_t>(T), {});
+  product_linear_.assign(static_cast<size_t>(T), {});
+  product_weights_.assign(static_cast<size_t>(T), {});
+  readout_.assign(static_cast<size_t>(T), {});
+
+  embedding_ = register_parameter("embedding", normal({nE, C}));
+  for (int64_t t = 0; t < T; ++t) {
+    const std::string p = "layer" + std::to_string(t) + "_";
+    Layer L;
+    L.node = t == 0 ? scalar : hidden_;
+    L.target = target;
+    L.out = t == T - 1 ? scalar : hidden_;
+    L.tp = std::make_shared<mace::ConvTensorProduct>(L.node, o.max_ell, L.target);
+    const auto outs = irreps_of(L.out);
+    L.table = std::make_shared<mace::MonomialTable>(mace::monomial_table(L.target, outs, o.correlation));
+    for (size_t b = 0; b < outs.size(); ++b) {
+      int64_t total = 0;
+      for (int nu = 1; nu <= o.correlation; ++nu) {
+        L.bases.push_back(&mace::symmetric_basis(L.target, outs[b], nu));
+        total += L.bases.back()->num_basis;
+      }
+      if (total == 0) {
+        fail("hidden irrep " + outs[b].to_string() + " cannot be built from harmonics to l = " +
+             std::to_string(o.max_ell) + " at correlation " + std::to_string(o.correlation));
+      }
+      if (outs[b] == Irrep{0, 1}) L.out_scalar = b;
+    }
+    // Interaction.
+    for (size_t a = 0; a < L.node.size(); ++a)
+      linear_up_[t].push_back(register_parameter(p + "linear_up_" + L.node.terms()[a].irrep.to_string(), normal({C, C})));
+    std::vector<int64_t> widths{o.num_bessel};
+    for (int64_t w : o.radial_mlp) widths.push_back(w);
+    widths.push_back(L.tp->num_paths() * C);
+    for (size_t k = 0; k + 1 < widths.size(); ++k)
+      radial_[t].push_back(register_parameter(p + "radial_" + std::to_string(k), normal({widths[k], widths[k + 1]})));
+    for (size_t b = 0; b < L.target.size(); ++b) {
+      int64_t npaths = 0;
+      for (const auto& path : L.tp->paths()) npaths += path.target_term == b ? 1 : 0;
+      linear_[t].push_back(npaths == 0 ? at::Tensor()
+                                       : register_parameter(p + "linear_" + L.target.terms()[b].irrep.to_string(),
+                                                            normal({npaths * C, C})));
+    }
+    if (t == 0) {
+      for (size_t b = 0; b < L.target.size(); ++b)
+        skip_[t].push_back(register_parameter(p + "skip_" + L.target.terms()[b].irrep.to_string(), normal({nE, C, C})));
+    } else {
+      // Residual: node term a → the output term with the same irrep.
+      for (size_t b = 0; b < L.out.size(); ++b) {
+        bool found = false;
+        for (size_t a = 0; a < L.node.size(); ++a) found = found || L.node.terms()[a].irrep == L.out.terms()[b].irrep;
+        skip_[t].push_back(found ? register_parameter(p + "skip_" + L.out.terms()[b].irrep.to_string(), normal({nE, C, C}))
+                                 : at::Tensor());
+      }
+    }
+    // Product basis.
+    product_weights_[t].resize(outs.size());
+    for (size_t b = 0; b < outs.size(); ++b) {
+      for (int nu = 1; nu <= o.correlation; ++nu) {
+        const int64_t K = L.bases[b * static_cast<size_t>(o.correlation) + static_cast<size_t>(nu - 1)]->num_basis;
+        product_weights_[t][b].push_back(
+            K == 0 ? at::Tensor()
+                   : register_parameter(p + "product_" + outs[b].to_string() + "_nu" + std::to_string(nu),
+                                        normal({nE, K, C}) / static_cast<double>(K)));
+      }
+      product_linear_[t].push_back(register_parameter(p + "product_linear_" + outs[b].to_string(), normal({C, C})));
+    }
+    // Readout.
+    if (t < T - 1) {
+      readout_[t].push_back(register_parameter(p + "readout", normal({C, 1})));
+    } else {
+      readout_[t].push_back(register_parameter(p + "readout_mlp_0", normal({C, o.readout_mlp})));
+      readout_[t].push_back(register_parameter(p + "readout_mlp_1", normal({o.readout_mlp, 1})));
+    }
+    layers_.push_back(std::move(L));
+  }
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  e0_ = register_buffer("e0", at::zeros({119}, opts));
+  scale_ = register_buffer("scale", at::ones({}, opts));
+  shift_ = register_buffer("shift", at::zeros({}, opts));
+}
+
+std::shared_ptr<EnergyModel> MaceImpl::clone_model() const {
+  return std::dynamic_pointer_cast<MaceImpl>(clone());
+}
+
+at::Tensor MaceImpl::element_index(const at::Tensor& atomic_numbers) const {
+  const at::Tensor z = atomic_numbers.to(at::kCPU, at::kLong);
+  if (z.numel() > 0 && (z.min().item<int64_t>() < 0 || z.max().item<int64_t>() > 118)) {
+    throw std::invalid_argument("MACE: atomic numbers must be in 0..118");
+  }
+  const at::Tensor idx = z_index_.index_select(0, z);
+  if (idx.numel() > 0 && idx.min().item<int64_t>() < 0) {
+    const at::Tensor bad = std::get<0>(at::_unique(z.masked_select(idx.lt(0))));
+    std::ostringstream os;
+    os << "MACE: atomic number(s)";
+    for (int64_t k = 0; k < bad.numel(); ++k) os << ' ' << bad[k].item<int64_t>();
+    os << " not among the model's elements (";
+    for (size_t k = 0; k < options_.atomic_numbers.size(); ++k) os << (k ? " " : "") << options_.atomic_numbers[k];
+    os << ")";
+    throw std::invalid_argument(os.str());
+  }
+  return idx.to(atomic_numbers.device());
+}
+
+at::Tensor MaceImpl::radial_weights(int64_t t, const at::Tensor& edge_feats) const {
+  // e3nn FullyConnectedNet: no biases, x W / √fan_in, normalised SiLU between layers.
+  const auto& W = radial_[static_cast<size_t>(t)];
+  const double c = mace::normalized_silu_factor();
+  at::Tensor h = edge_feats;
+  for (size_t k = 0; k < W.size(); ++k) {
+    h = at::matmul(h, W[k]) * (1.0 / std::sqrt(static_cast<double>(W[k].size(0))));
+    if (k + 1 < W.size()) h = at::silu(h) * c;
+  }
+  return h;
+}
+
+at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Tensor& elem, const at::Tensor& sender,
+                                   const at::Tensor& receiver, const at::Tensor& Y, const at::Tensor& radial,
+                                   const std::vector<at::Tensor>* tables) {
+  const Layer& L = layers_[static_cast<size_t>(t)];
+  const size_t ts = static_cast<size_t>(t);
+  const int64_t N = h.size(0), C = channels_;
+  const at::ScalarType layer = h.scalar_type();
+  auto keep = [&](const at::Tensor& x) { return x.scalar_type() == layer ? x : x.to(layer); };
+
+  // Residual self-connection (element-dependent), before linear_up (MACE).
+  std::vector<at::Tensor> sc(L.out.size());
+  if (t > 0) {
+    const auto noff = L.node.offsets();
+    for (size_t b = 0; b < L.out.size(); ++b) {
+      if (!skip_[ts][b].defined()) continue;
+      for (size_t a = 0; a < L.node.size(); ++a) {
+        if (L.node.terms()[a].irrep != L.out.terms()[b].irrep) continue;
+        sc[b] = keep(element_linear(h.narrow(1, noff[a], L.node.terms()[a].irrep.dim()), skip_[ts][b], elem));
+      }
+    }
+  }
+  const at::Tensor hu = keep(linear_irreps(h, L.node, linear_up_[ts]));
+  const at::Tensor w = keep(radial).view({radial.size(0), L.tp->num_paths(), C});
+  const at::Tensor xs = hu.index_select(0, sender);
+  const at::Tensor m = tables ? L.tp->messages(xs, *tables, w) : L.tp->messages_reference(xs, Y, w);
+  const at::Tensor agg = at::zeros({N, L.tp->mid_dim(), C}, h.options()).index_add(0, receiver, keep(m));
+  // Linear (mid → target) per target irrep, / avg_num_neighbors.
+  const double inv_avg = 1.0 / options_.avg_num_neighbors;
+  std::vector<at::Tensor> a_parts;
+  for (size_t b = 0; b < L.target.size(); ++b) {
+    const int64_t d = L.target.terms()[b].irrep.dim();
+    if (!linear_[ts][b].defined()) {
+      a_parts.push_back(at::zeros({N, d, C}, h.options()));
+      continue;
+    }
+    std::vector<at::Tensor> cols;
+    for (const auto& path : L.tp->paths())
+      if (path.target_term == b) cols.push_back(agg.narrow(1, path.mid_offset, d));
+    const at::Tensor x = cols.size() == 1 ? cols[0] : at::cat(cols, 2);  // [N, d, P·C]
+    at::Tensor y = at::matmul(x, linear_[ts][b]) * (inv_avg / std::sqrt(static_cast<double>(x.size(2))));
+    if (t == 0) y = element_linear(keep(y), skip_[ts][b], elem);
+    a_parts.push_back(keep(y));
+  }
+  const at::Tensor A = at::cat(a_parts, 1);  // [N, D_target, C]
+
+  // Product basis: symmetric contraction with the element's weights.
+  std::vector<std::vector<at::Tensor>> wz(L.out.size());
+  for (size_t b = 0; b < L.out.size(); ++b)
+    for (const auto& W : product_weights_[ts][b]) wz[b].push_back(W.defined() ? W.index_select(0, elem) : at::Tensor());
+  std::vector<at::Tensor> prod;
+  if (options_.reference_autograd) {
+    const size_t corr = static_cast<size_t>(options_.correlation);
+    for (size_t b = 0; b < L.out.size(); ++b) {
+      std::vector<const mace::SymmetricBasis*> bases(L.bases.begin() + static_cast<long>(b * corr),
+                                                     L.bases.begin() + static_cast<long>((b + 1) * corr));
+      prod.push_back(mace::symmetric_contraction_reference(A, bases, wz[b]));
+    }
+  } else {
+    std::vector<at::Tensor> stacked, indices;
+    for (int nu = 1; nu <= L.table->max_nu; ++nu) {
+      std::vector<at::Tensor> rows;
+      for (const auto& cmat : L.table->coefficients[static_cast<size_t>(nu - 1)])
+        if (cmat.defined()) rows.push_back(cmat);
+      stacked.push_back(rows.empty() ? at::Tensor() : at::cat(rows, 0).to(A.options()));
+      indices.push_back(nu == 1 ? L.table->monomials[0].select(1, 0).to(A.device())
+                                : L.table->parents[static_cast<size_t>(nu - 1)].to(A.device()));
+    }
+    prod = mace::symmetric_contraction_fast(A, *L.table, stacked, indices, wz);
+  }
+  std::vector<at::Tensor> out;
+  for (size_t b = 0; b < L.out.size(); ++b) {
+    at::Tensor y = keep(at::matmul(keep(prod[b]), product_linear_[ts][b]) * (1.0 / std::sqrt(static_cast<double>(C))));
+    if (sc[b].defined()) y = y + sc[b];
+    out.push_back(y);
+  }
+  return out.size() == 1 ? out[0] : at::cat(out, 1);
+}
+
+at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
+  const at::ScalarType geom = batch.positions.scalar_type();
+  const at::Tensor elem = element_index(batch.atomic_numbers);
+  const at::Tensor receiver = batch.edge_index.select(0, 0);
+  const at::Tensor sender = batch.edge_index.select(0, 1);
+  const bool ref = options_.reference_autograd;
+  at::Tensor Y, edge_feats, edge_pair, pair_rep;
+  std::vector<std::vector<at::Tensor>> tables(layers_.size());
+  {
+    // Force-safe geometry: autocast off, the positions' dtype.
+    AutocastDisabledGuard no_autocast;
+    const at::Tensor vec = edge_vectors(batch);  // [E, 3], r_j − r_i
+    at::Tensor r = vec.pow(2).sum(-1).sqrt();     // [E]
+    Y = mace::spherical_harmonics(vec, options_.max_ell);  // [E, (max_ell+1)²]
+    if (!ref) {
+      // The radial weights depend on the distance only: once per edge pair.
+      const at::Tensor shifts = batch.shifts.defined() ? batch.shifts : at::zeros({batch.num_edges(), 3}, at::kLong);
+      std::tie(edge_pair, pair_rep) = reverse_edge_pairs(batch.edge_index, shifts);
+      r = r.index_select(0, pair_rep);
+    }
+    edge_feats = mace::bessel_basis(r, options_.cutoff, options_.num_bessel) *
+                 mace::polynomial_cutoff(r, options_.cutoff, options_.num_polynomial_cutoff).unsqueeze(-1);
+    if (!ref) {
+      // Parameter-free coupling tables, once per distinct layer input.
+      for (size_t t = 0; t < layers_.size(); ++t) {
+        if (t >= 2) {
+          tables[t] = tables[1];
+        } else {
+          tables[t] = layers_[t].tp->edge_tables(Y);
+        }
+      }
+    }
+  }
+  const at::ScalarType layer = embedding_.scalar_type();
+  for (auto& tt : tables)
+    for (auto& x : tt)
+      if (x.defined()) x = x.to(layer);
+  at::Tensor h = (embedding_.index_select(0, elem) * (1.0 / std::sqrt(static_cast<double>(embedding_.size(0))))).unsqueeze(1);
+  const at::Tensor feats = edge_feats.to(layer);
+  at::Tensor energy;  // [N], geometry dtype
+  for (int64_t t = 0; t < options_.num_interactions; ++t) {
+    at::Tensor radial = radial_weights(t, feats);
+    if (!ref) radial = radial.index_select(0, edge_pair);
+    h = layer_forward(t, h, elem, sender, receiver, Y, radial, ref ? nullptr : &tables[static_cast<size_t>(t)]);
+    const auto& R = readout_[static_cast<size_t>(t)];
+    const auto offs = layers_[static_cast<size_t>(t)].out.offsets();
+    const at::Tensor s = h.select(1, offs[layers_[static_cast<size_t>(t)].out_scalar]);  // [N, C]
+    at::Tensor e;
+    if (R.size() == 1) {
+      e = at::matmul(s, R[0]) * (1.0 / std::sqrt(static_cast<double>(channels_)));
+    } else {
+      const at::Tensor hid = at::silu(at::matmul(s, R[0]) * (1.0 / std::sqrt(static_cast<double>(channels_)))) *
+                             mace::normalized_silu_factor();
+      e = at::matmul(hid, R[1]) * (1.0 / std::sqrt(static_cast<double>(options_.readout_mlp)));
+    }
+    AutocastDisabledGuard no_autocast;
+    e = e.squeeze(-1).to(geom);
+    energy = energy.defined() ? energy + e : e;
+  }
+  AutocastDisabledGuard no_autocast;
+  return scale_.to(geom) * energy + shift_.to(geom);
+}
+
+at::Tensor MaceImpl::energy(const Batch& batch) {
+  const at::Tensor atomic = atomic_energies(batch);
+  AutocastDisabledGuard no_autocast;
+  const at::Tensor total = atomic + e0_.to(atomic.scalar_type()).index_select(0, batch.atomic_numbers);
+  return at::zeros({batch.num_atoms.size(0)}, total.options()).index_add(0, batch.batch, total);
+}
+
+void MaceImpl::set_energy_normalization(const at::Tensor& e0, double scale, double shift) {
+  if (!e0.defined() || e0.dim() != 1 || e0.size(0) != 119) {
+    throw std::invalid_argument("MACE::set_energy_normalization: e0 must have shape [119]");
+  }
+  if (!std::isfinite(scale) || !std::isfinite(shift)) {
+    throw std::invalid_argument("MACE::set_energy_normalization: scale and shift must be finite");
+  }
+  at::NoGradGuard no_grad;
+  e0_.copy_(e0.detach());
+  scale_.fill_(scale);
+  shift_.fill_(shift);
+}
+
+}  // namespace crucible
