@@ -12,6 +12,7 @@
 #include "crucible/losses/loss.h"
 #include "crucible/models/schnet.h"
 #include "crucible/training/allocator.h"
+#include "crucible/training/blas_kernels.h"
 #include "crucible/training/metrics.h"
 #include "crucible/training/strategy.h"
 
@@ -41,6 +42,7 @@ long current_rss_kib() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  select_blas_kernels(argc, argv);  // as crucible's main does
   tune_allocator_for_training();  // first, as crucible's main does
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s DATA.extxyz [--steps N] [--precision P] [--valid N] [--threads N]\n", argv[0]);

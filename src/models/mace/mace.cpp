@@ -44,23 +44,37 @@ std::vector<Irrep> irreps_of(const Irreps& x) {
   return v;
 }
 
-/// x [rows, D, C] @ per-term W [C, C'] / √C, term by term.
+/// The columns of each term: x [rows, D, C] split along D.
+std::vector<at::Tensor> split_terms(const at::Tensor& x, const Irreps& irreps) {
+  std::vector<int64_t> dims;
+  for (const auto& t : irreps.terms()) dims.push_back(t.irrep.dim());
+  return dims.size() == 1 ? std::vector<at::Tensor>{x} : at::split_with_sizes(x, dims, 1);
+}
+
+/// x [rows, D, C] @ per-term W [C, C'] / √C, term by term (the scale is
+/// applied to the small weight, not to the features).
 at::Tensor linear_irreps(const at::Tensor& x, const Irreps& irreps, const std::vector<at::Tensor>& W) {
-  const auto offsets = irreps.offsets();
+  const auto parts_in = split_terms(x, irreps);
   std::vector<at::Tensor> parts;
   for (size_t a = 0; a < irreps.size(); ++a) {
-    const at::Tensor xa = x.narrow(1, offsets[a], irreps.terms()[a].irrep.dim());
-    parts.push_back(at::matmul(xa, W[a]) * (1.0 / std::sqrt(static_cast<double>(W[a].size(0)))));
+    parts.push_back(at::matmul(parts_in[a], W[a] * (1.0 / std::sqrt(static_cast<double>(W[a].size(0))))));
   }
   return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
 }
 
 /// Element-dependent linear map of one term: x [N, d, C], W [n_elem, C, C'],
 /// elem [N] → [N, d, C'] / √(C · n_elem) (e3nn's FullyConnectedTensorProduct
-/// with the one-hot node attributes, as MACE's skip_tp).
+/// with the one-hot node attributes, as MACE's skip_tp). With few elements
+/// one GEMM for all of them and a gather; with many a batched product.
 at::Tensor element_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& elem) {
-  const double norm = 1.0 / std::sqrt(static_cast<double>(W.size(0) * W.size(1)));
-  return at::bmm(x, W.index_select(0, elem)) * norm;
+  const int64_t nE = W.size(0), C = W.size(1), Co = W.size(2), N = x.size(0), d = x.size(1);
+  const double norm = 1.0 / std::sqrt(static_cast<double>(nE * C));
+  if (nE == 1) return at::matmul(x, W[0] * norm);
+  if (nE <= 8) {
+    const at::Tensor all = at::matmul(x, (W * norm).permute({1, 0, 2}).reshape({C, nE * Co})).view({N, d, nE, Co});
+    return all.gather(2, elem.view({N, 1, 1, 1}).expand({N, d, 1, Co})).squeeze(2);
+  }
+  return at::bmm(x, W.index_select(0, elem) * norm);
 }
 
 at::Tensor normal(std::vector<int64_t> shape) { return at::randn(shape, at::kFloat); }
@@ -236,13 +250,15 @@ at::Tensor MaceImpl::element_index(const at::Tensor& atomic_numbers) const {
 }
 
 at::Tensor MaceImpl::radial_weights(int64_t t, const at::Tensor& edge_feats) const {
-  // e3nn FullyConnectedNet: no biases, x W / √fan_in, normalised SiLU between layers.
+  // e3nn FullyConnectedNet: no biases, x W / √fan_in, normalised SiLU c·silu
+  // between layers (c and 1/√fan_in folded into the next weight).
   const auto& W = radial_[static_cast<size_t>(t)];
   const double c = mace::normalized_silu_factor();
   at::Tensor h = edge_feats;
   for (size_t k = 0; k < W.size(); ++k) {
-    h = at::matmul(h, W[k]) * (1.0 / std::sqrt(static_cast<double>(W[k].size(0))));
-    if (k + 1 < W.size()) h = at::silu(h) * c;
+    const double scale = (k == 0 ? 1.0 : c) / std::sqrt(static_cast<double>(W[k].size(0)));
+    h = at::matmul(h, W[k] * scale);
+    if (k + 1 < W.size()) h = at::silu(h);
   }
   return h;
 }
@@ -259,21 +275,28 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Ten
   // Residual self-connection (element-dependent), before linear_up (MACE).
   std::vector<at::Tensor> sc(L.out.size());
   if (t > 0) {
-    const auto noff = L.node.offsets();
+    const auto h_terms = split_terms(h, L.node);
     for (size_t b = 0; b < L.out.size(); ++b) {
       if (!skip_[ts][b].defined()) continue;
       for (size_t a = 0; a < L.node.size(); ++a) {
         if (L.node.terms()[a].irrep != L.out.terms()[b].irrep) continue;
-        sc[b] = keep(element_linear(h.narrow(1, noff[a], L.node.terms()[a].irrep.dim()), skip_[ts][b], elem));
+        sc[b] = keep(element_linear(h_terms[a], skip_[ts][b], elem));
       }
     }
   }
   const at::Tensor hu = keep(linear_irreps(h, L.node, linear_up_[ts]));
   const at::Tensor w = keep(radial).view({radial.size(0), L.tp->num_paths(), C});
-  const at::Tensor xs = hu.index_select(0, sender);
-  const at::Tensor m = tables ? L.tp->messages(xs, *tables, w) : L.tp->messages_reference(xs, Y, w);
-  const at::Tensor agg = at::zeros({N, L.tp->mid_dim(), C}, h.options()).index_add(0, receiver, keep(m));
+  at::Tensor agg;  // [N, mid, C]
+  if (tables) {
+    agg = keep(L.tp->aggregate(hu, *tables, w, receiver, sender));
+  } else {
+    const at::Tensor m = L.tp->messages_reference(hu.index_select(0, sender), Y, w);
+    agg = at::zeros({N, L.tp->mid_dim(), C}, h.options()).index_add(0, receiver, keep(m));
+  }
   // Linear (mid → target) per target irrep, / avg_num_neighbors.
+  std::vector<int64_t> path_dims;
+  for (const auto& path : L.tp->paths()) path_dims.push_back(path.out.dim());
+  const std::vector<at::Tensor> agg_paths = at::split_with_sizes(agg, path_dims, 1);
   const double inv_avg = 1.0 / options_.avg_num_neighbors;
   std::vector<at::Tensor> a_parts;
   for (size_t b = 0; b < L.target.size(); ++b) {
@@ -283,10 +306,10 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Ten
       continue;
     }
     std::vector<at::Tensor> cols;
-    for (const auto& path : L.tp->paths())
-      if (path.target_term == b) cols.push_back(agg.narrow(1, path.mid_offset, d));
+    for (size_t pi = 0; pi < L.tp->paths().size(); ++pi)
+      if (L.tp->paths()[pi].target_term == b) cols.push_back(agg_paths[pi]);
     const at::Tensor x = cols.size() == 1 ? cols[0] : at::cat(cols, 2);  // [N, d, P·C]
-    at::Tensor y = at::matmul(x, linear_[ts][b]) * (inv_avg / std::sqrt(static_cast<double>(x.size(2))));
+    at::Tensor y = at::matmul(x, linear_[ts][b] * (inv_avg / std::sqrt(static_cast<double>(x.size(2)))));
     if (t == 0) y = element_linear(keep(y), skip_[ts][b], elem);
     a_parts.push_back(keep(y));
   }
@@ -318,7 +341,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Ten
   }
   std::vector<at::Tensor> out;
   for (size_t b = 0; b < L.out.size(); ++b) {
-    at::Tensor y = keep(at::matmul(keep(prod[b]), product_linear_[ts][b]) * (1.0 / std::sqrt(static_cast<double>(C))));
+    at::Tensor y = keep(at::matmul(keep(prod[b]), product_linear_[ts][b] * (1.0 / std::sqrt(static_cast<double>(C)))));
     if (sc[b].defined()) y = y + sc[b];
     out.push_back(y);
   }
@@ -362,7 +385,7 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
   for (auto& tt : tables)
     for (auto& x : tt)
       if (x.defined()) x = x.to(layer);
-  at::Tensor h = (embedding_.index_select(0, elem) * (1.0 / std::sqrt(static_cast<double>(embedding_.size(0))))).unsqueeze(1);
+  at::Tensor h = (embedding_ * (1.0 / std::sqrt(static_cast<double>(embedding_.size(0))))).index_select(0, elem).unsqueeze(1);
   const at::Tensor feats = edge_feats.to(layer);
   at::Tensor energy;  // [N], geometry dtype
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
@@ -373,12 +396,12 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     const auto offs = layers_[static_cast<size_t>(t)].out.offsets();
     const at::Tensor s = h.select(1, offs[layers_[static_cast<size_t>(t)].out_scalar]);  // [N, C]
     at::Tensor e;
+    const double inv_c = 1.0 / std::sqrt(static_cast<double>(channels_));
     if (R.size() == 1) {
-      e = at::matmul(s, R[0]) * (1.0 / std::sqrt(static_cast<double>(channels_)));
+      e = at::matmul(s, R[0] * inv_c);
     } else {
-      const at::Tensor hid = at::silu(at::matmul(s, R[0]) * (1.0 / std::sqrt(static_cast<double>(channels_)))) *
-                             mace::normalized_silu_factor();
-      e = at::matmul(hid, R[1]) * (1.0 / std::sqrt(static_cast<double>(options_.readout_mlp)));
+      const at::Tensor hid = at::silu(at::matmul(s, R[0] * inv_c));
+      e = at::matmul(hid, R[1] * (mace::normalized_silu_factor() / std::sqrt(static_cast<double>(options_.readout_mlp))));
     }
     AutocastDisabledGuard no_autocast;
     e = e.squeeze(-1).to(geom);

@@ -267,31 +267,34 @@ std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const Mo
                                                    const std::vector<std::vector<at::Tensor>>& weights) {
   const int64_t N = x.size(0), C = x.size(2);
   const size_t num_out = weights.size();
+  // Component-major layout [D, N, C]: every monomial is a contiguous [N, C]
+  // slab and each degree's contraction is one 2-D GEMM [R, M] × [M, N·C].
+  const at::Tensor xt = x.transpose(0, 1).contiguous();
   std::vector<at::Tensor> y(num_out);
-  at::Tensor mono;  // [N, M_ν, C]
+  at::Tensor mono;  // [M_ν, N, C]
   for (int nu = 1; nu <= table.max_nu; ++nu) {
     const size_t v = static_cast<size_t>(nu - 1);
     if (nu == 1) {
-      mono = x.index_select(1, indices[0]);
+      mono = xt.index_select(0, indices[0]);
     } else {
       const at::Tensor& par = indices[v];  // [M, 2]
-      mono = mono.index_select(1, par.select(1, 0)) * x.index_select(1, par.select(1, 1));
+      mono = mono.index_select(0, par.select(1, 0)) * xt.index_select(0, par.select(1, 1));
     }
     if (!stacked_coeffs[v].defined()) continue;
-    // [R, M] × [N, M, C] → [N, R, C]: one GEMM for every output of this degree.
-    const at::Tensor B = at::matmul(stacked_coeffs[v], mono);
+    const at::Tensor B = at::mm(stacked_coeffs[v], mono.view({mono.size(0), N * C})).view({-1, N, C});  // [R, N, C]
     int64_t row = 0;
     for (size_t o = 0; o < num_out; ++o) {
       const int64_t K = table.num_basis[v][o], O = table.out_dims[v][o];
       if (K == 0) continue;
-      const at::Tensor part = B.narrow(1, row, O * K).view({N, O, K, C});
+      const at::Tensor part = B.narrow(0, row, O * K).view({O, K, N, C});
       row += O * K;
-      const at::Tensor term = (part * weights[o][v].unsqueeze(1)).sum(2);  // [N, O, C]
+      // Σ_k B[o, k, n, c] W[n, k, c]
+      const at::Tensor term = (part * weights[o][v].transpose(0, 1).unsqueeze(0)).sum(1);  // [O, N, C]
       y[o] = y[o].defined() ? y[o] + term : term;
     }
   }
   for (size_t o = 0; o < num_out; ++o) {
-    if (!y[o].defined()) y[o] = at::zeros({N, table.out_dims[0][o], C}, x.options());
+    y[o] = y[o].defined() ? y[o].transpose(0, 1) : at::zeros({N, table.out_dims[0][o], C}, x.options());
   }
   return y;
 }

@@ -3,6 +3,7 @@
 
 #include "crucible/models/mace/tensor_product.h"
 #include "crucible/models/mace/clebsch_gordan.h"
+#include "crucible/models/mace/edge_contraction.h"
 
 #include <cmath>
 #include <stdexcept>
@@ -84,18 +85,19 @@ std::vector<at::Tensor> ConvTensorProduct::edge_tables(const at::Tensor& Y) cons
   return out;
 }
 
-at::Tensor ConvTensorProduct::messages(const at::Tensor& x_sender, const std::vector<at::Tensor>& tables,
-                                       const at::Tensor& weights) const {
+at::Tensor ConvTensorProduct::aggregate(const at::Tensor& x, const std::vector<at::Tensor>& tables,
+                                        const at::Tensor& weights, const at::Tensor& receiver,
+                                        const at::Tensor& sender) const {
   const auto offsets = in_.offsets();
+  const int64_t N = x.size(0), C = x.size(2), P = weights.size(1);
   std::vector<at::Tensor> parts;
   for (size_t a = 0; a < in_.size(); ++a) {
     if (!tables[a].defined()) continue;
     const int64_t d1 = in_.terms()[a].irrep.dim();
-    const at::Tensor xs = x_sender.narrow(1, offsets[a], d1);  // [E, d1, C]
-    const at::Tensor w = weights.index_select(1, term_row_path_[a].to(weights.device()));  // [E, rows, C]
-    at::Tensor m = d1 == 1 ? tables[a] * xs                      // [E, rows, 1] · [E, 1, C]
-                           : at::bmm(tables[a], xs);             // [E, rows, C]
-    parts.push_back(m * w);
+    const at::Tensor xa = x.narrow(1, offsets[a], d1);
+    const at::Tensor path = term_row_path_[a].to(x.device());
+    parts.push_back(edge_contraction(EdgeSlot::kMessage, at::Tensor(), weights, tables[a], xa, receiver, sender, path,
+                                     N, P, path.size(0), d1, C));
   }
   return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
 }

@@ -50,14 +50,16 @@ class ConvTensorProduct {
   /// term has no path), in Y's dtype.
   std::vector<at::Tensor> edge_tables(const at::Tensor& Y) const;
 
-  /// Fast path: messages m[e, row, c] = w[e, path(row), c] · Σ_i T[e, row, i] x[e, i, c]
-  /// with one batched GEMM per input term. x_sender [E, D_in, C],
-  /// tables from edge_tables (cast to x's dtype), weights [E, P, C].
-  /// Returns [E, mid_dim, C].
-  at::Tensor messages(const at::Tensor& x_sender, const std::vector<at::Tensor>& tables,
-                      const at::Tensor& weights) const;
+  /// Fast path: the aggregated messages
+  ///   A[n, row, c] = Σ_{e: receiver e = n} w[e, path(row), c] Σ_i T[e, row, i] x[sender e, i, c]
+  /// by one fused edge_contraction per input term (no per-edge temporaries).
+  /// x [N, D_in, C]; tables from edge_tables (in x's dtype); weights
+  /// [E, P, C]; receiver / sender [E]. Returns [N, mid_dim, C].
+  at::Tensor aggregate(const at::Tensor& x, const std::vector<at::Tensor>& tables, const at::Tensor& weights,
+                       const at::Tensor& receiver, const at::Tensor& sender) const;
 
-  /// Reference path: the same with a dense einsum per path (autograd only).
+  /// Reference path: per-edge messages [E, mid_dim, C] with a dense einsum
+  /// per path (autograd only); x_sender [E, D_in, C], Y the harmonics.
   at::Tensor messages_reference(const at::Tensor& x_sender, const at::Tensor& Y,
                                 const at::Tensor& weights) const;
 

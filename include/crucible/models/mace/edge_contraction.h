@@ -1,0 +1,43 @@
+#pragma once
+// The fused gather - tensor product - scatter of MACE's interaction with
+// hand-written derivatives of every order (issue 16, deliverable 3).
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace crucible::mace {
+
+/// The four tensors of one contraction, by slot.
+enum class EdgeSlot : int {
+  kMessage = 0,  ///< g [N, R, C]: node features at the receiver, per row r.
+  kWeights = 1,  ///< w [E, P, C]: radial weights per edge, path and channel.
+  kTable = 2,    ///< T [E, R, D]: coupling table per edge (harmonics · CG).
+  kInput = 3,    ///< x [N, D, C]: node features at the sender.
+};
+
+/// The scalar  S = Σ_{e,r,i,c} g[recv e, r, c] · w[e, path r, c] · T[e, r, i] · x[send e, i, c]
+/// is linear in each of its four tensors; this returns ∂S/∂(slot) given the
+/// other three, e.g. slot kMessage is the aggregated message
+///   A[n, r, c] = Σ_{e: recv e = n} w[e, path r, c] Σ_i T[e, r, i] x[send e, i, c]
+/// (MACE's conv_tp followed by scatter_sum, Batatia et al. 2022, eq. 8).
+/// Every derivative of such a result is again one of the four (the cotangent
+/// takes the differentiated slot), so derivatives of every order (forces,
+/// then parameter gradients of a force loss) run the same fused loops
+/// without [E, R, C] temporaries. CPU float32/float64 use fused loops; other
+/// devices and dtypes use index_select · mul · index_add (same values).
+///
+/// @param slot which derivative to return; that slot's argument is ignored
+///        (pass an undefined tensor).
+/// @param g,w,T,x as in the enum (contiguous or not; same dtype and device).
+/// @param receiver,sender [E] int64 node indices in [0, N).
+/// @param row_path [R] int64 path of each row, in [0, P).
+/// @param num_nodes N; @param num_paths P; @param rows R; @param dim D;
+///        @param channels C (the sizes of the missing slot).
+/// @throws c10::Error for mismatched shapes, devices or dtypes.
+at::Tensor edge_contraction(EdgeSlot slot, const at::Tensor& g, const at::Tensor& w, const at::Tensor& T,
+                            const at::Tensor& x, const at::Tensor& receiver, const at::Tensor& sender,
+                            const at::Tensor& row_path, int64_t num_nodes, int64_t num_paths, int64_t rows,
+                            int64_t dim, int64_t channels);
+
+}  // namespace crucible::mace

@@ -1,0 +1,341 @@
+// Fused edge contraction and its derivatives. See
+// include/crucible/models/mace/edge_contraction.h.
+
+#include "crucible/models/mace/edge_contraction.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <array>
+#include <vector>
+
+namespace crucible::mace {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+struct Sizes {
+  int64_t N, E, P, R, D, C;
+};
+
+// The loops vectorise over channels c; target_clones builds AVX-512, AVX2
+// and baseline versions and picks one at load time (machines of one kind
+// differ: Zen 3 has no AVX-512).
+#define CRUCIBLE_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+template <class S>
+inline void message_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T, const S* __restrict x,
+                         const int64_t* recv, const int64_t* send, const int64_t* path, S* __restrict out,
+                         const Sizes& z, S* __restrict acc) {
+  (void)g;
+  const int64_t R = z.R, D = z.D, C = z.C, P = z.P;
+  for (int64_t e = 0; e < z.E; ++e) {
+    const S* __restrict xs = x + send[e] * D * C;
+    S* __restrict o = out + recv[e] * R * C;
+    for (int64_t r = 0; r < R; ++r) {
+      const S* t = T + (e * R + r) * D;
+      const S* __restrict we = w + (e * P + path[r]) * C;
+      const S t0 = t[0];
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) acc[c] = t0 * xs[c];
+      for (int64_t i = 1; i < D; ++i) {
+        const S ti = t[i];
+        const S* __restrict xi = xs + i * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) acc[c] += ti * xi[c];
+      }
+      S* __restrict orow = o + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) orow[c] += we[c] * acc[c];
+    }
+  }
+}
+
+template <class S>
+inline void input_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T, const int64_t* recv,
+                       const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, S* __restrict tmp) {
+  const int64_t R = z.R, D = z.D, C = z.C, P = z.P;
+  for (int64_t e = 0; e < z.E; ++e) {
+    const S* __restrict gr = g + recv[e] * R * C;
+    S* __restrict o = out + send[e] * D * C;
+    for (int64_t r = 0; r < R; ++r) {
+      const S* t = T + (e * R + r) * D;
+      const S* __restrict we = w + (e * P + path[r]) * C;
+      const S* __restrict grr = gr + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) tmp[c] = we[c] * grr[c];
+      for (int64_t i = 0; i < D; ++i) {
+        const S ti = t[i];
+        S* __restrict orow = o + i * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) orow[c] += ti * tmp[c];
+      }
+    }
+  }
+}
+
+template <class S>
+inline void weights_loop(const S* __restrict g, const S* __restrict T, const S* __restrict x, const int64_t* recv,
+                         const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, int64_t begin,
+                         int64_t end, S* __restrict acc) {
+  const int64_t R = z.R, D = z.D, C = z.C, P = z.P;
+  for (int64_t e = begin; e < end; ++e) {
+    const S* __restrict xs = x + send[e] * D * C;
+    const S* __restrict gr = g + recv[e] * R * C;
+    for (int64_t r = 0; r < R; ++r) {
+      const S* t = T + (e * R + r) * D;
+      const S t0 = t[0];
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) acc[c] = t0 * xs[c];
+      for (int64_t i = 1; i < D; ++i) {
+        const S ti = t[i];
+        const S* __restrict xi = xs + i * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) acc[c] += ti * xi[c];
+      }
+      S* __restrict o = out + (e * P + path[r]) * C;
+      const S* __restrict grr = gr + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] += grr[c] * acc[c];
+    }
+  }
+}
+
+template <class S>
+inline void table_loop(const S* __restrict g, const S* __restrict w, const S* __restrict x, const int64_t* recv,
+                       const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, int64_t begin,
+                       int64_t end, S* __restrict tmp) {
+  const int64_t R = z.R, D = z.D, C = z.C, P = z.P;
+  for (int64_t e = begin; e < end; ++e) {
+    const S* __restrict xs = x + send[e] * D * C;
+    const S* __restrict gr = g + recv[e] * R * C;
+    for (int64_t r = 0; r < R; ++r) {
+      const S* __restrict we = w + (e * P + path[r]) * C;
+      const S* __restrict grr = gr + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) tmp[c] = we[c] * grr[c];
+      S* o = out + (e * R + r) * D;
+      for (int64_t i = 0; i < D; ++i) {
+        S s = 0;
+        const S* __restrict xi = xs + i * C;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < C; ++c) s += tmp[c] * xi[c];
+        o[i] = s;
+      }
+    }
+  }
+}
+
+// One instantiation per dtype and loop, each cloned for the vector ISAs.
+CRUCIBLE_SIMD_CLONES void message_f(const float* g, const float* w, const float* T, const float* x, const int64_t* rv,
+                                    const int64_t* sd, const int64_t* p, float* o, const Sizes& z, float* a) {
+  message_loop<float>(g, w, T, x, rv, sd, p, o, z, a);
+}
+CRUCIBLE_SIMD_CLONES void message_d(const double* g, const double* w, const double* T, const double* x,
+                                    const int64_t* rv, const int64_t* sd, const int64_t* p, double* o, const Sizes& z,
+                                    double* a) {
+  message_loop<double>(g, w, T, x, rv, sd, p, o, z, a);
+}
+CRUCIBLE_SIMD_CLONES void input_f(const float* g, const float* w, const float* T, const int64_t* rv, const int64_t* sd,
+                                  const int64_t* p, float* o, const Sizes& z, float* a) {
+  input_loop<float>(g, w, T, rv, sd, p, o, z, a);
+}
+CRUCIBLE_SIMD_CLONES void input_d(const double* g, const double* w, const double* T, const int64_t* rv,
+                                  const int64_t* sd, const int64_t* p, double* o, const Sizes& z, double* a) {
+  input_loop<double>(g, w, T, rv, sd, p, o, z, a);
+}
+CRUCIBLE_SIMD_CLONES void weights_f(const float* g, const float* T, const float* x, const int64_t* rv,
+                                    const int64_t* sd, const int64_t* p, float* o, const Sizes& z, int64_t b,
+                                    int64_t e, float* a) {
+  weights_loop<float>(g, T, x, rv, sd, p, o, z, b, e, a);
+}
+CRUCIBLE_SIMD_CLONES void weights_d(const double* g, const double* T, const double* x, const int64_t* rv,
+                                    const int64_t* sd, const int64_t* p, double* o, const Sizes& z, int64_t b,
+                                    int64_t e, double* a) {
+  weights_loop<double>(g, T, x, rv, sd, p, o, z, b, e, a);
+}
+CRUCIBLE_SIMD_CLONES void table_f(const float* g, const float* w, const float* x, const int64_t* rv, const int64_t* sd,
+                                  const int64_t* p, float* o, const Sizes& z, int64_t b, int64_t e, float* a) {
+  table_loop<float>(g, w, x, rv, sd, p, o, z, b, e, a);
+}
+CRUCIBLE_SIMD_CLONES void table_d(const double* g, const double* w, const double* x, const int64_t* rv,
+                                  const int64_t* sd, const int64_t* p, double* o, const Sizes& z, int64_t b,
+                                  int64_t e, double* a) {
+  table_loop<double>(g, w, x, rv, sd, p, o, z, b, e, a);
+}
+
+void message_any(const float* g, const float* w, const float* T, const float* x, const int64_t* rv, const int64_t* sd,
+                 const int64_t* p, float* o, const Sizes& z, float* a) { message_f(g, w, T, x, rv, sd, p, o, z, a); }
+void message_any(const double* g, const double* w, const double* T, const double* x, const int64_t* rv,
+                 const int64_t* sd, const int64_t* p, double* o, const Sizes& z, double* a) {
+  message_d(g, w, T, x, rv, sd, p, o, z, a);
+}
+void input_any(const float* g, const float* w, const float* T, const int64_t* rv, const int64_t* sd, const int64_t* p,
+               float* o, const Sizes& z, float* a) { input_f(g, w, T, rv, sd, p, o, z, a); }
+void input_any(const double* g, const double* w, const double* T, const int64_t* rv, const int64_t* sd,
+               const int64_t* p, double* o, const Sizes& z, double* a) { input_d(g, w, T, rv, sd, p, o, z, a); }
+void weights_any(const float* g, const float* T, const float* x, const int64_t* rv, const int64_t* sd,
+                 const int64_t* p, float* o, const Sizes& z, int64_t b, int64_t e, float* a) {
+  weights_f(g, T, x, rv, sd, p, o, z, b, e, a);
+}
+void weights_any(const double* g, const double* T, const double* x, const int64_t* rv, const int64_t* sd,
+                 const int64_t* p, double* o, const Sizes& z, int64_t b, int64_t e, double* a) {
+  weights_d(g, T, x, rv, sd, p, o, z, b, e, a);
+}
+void table_any(const float* g, const float* w, const float* x, const int64_t* rv, const int64_t* sd, const int64_t* p,
+               float* o, const Sizes& z, int64_t b, int64_t e, float* a) { table_f(g, w, x, rv, sd, p, o, z, b, e, a); }
+void table_any(const double* g, const double* w, const double* x, const int64_t* rv, const int64_t* sd,
+               const int64_t* p, double* o, const Sizes& z, int64_t b, int64_t e, double* a) {
+  table_d(g, w, x, rv, sd, p, o, z, b, e, a);
+}
+
+template <class S>
+void kernel(EdgeSlot slot, const S* g, const S* w, const S* T, const S* x, const int64_t* recv, const int64_t* send,
+            const int64_t* path, S* out, const Sizes& z) {
+  switch (slot) {
+    case EdgeSlot::kMessage: {  // out[recv, r, c] += w[e, p, c] Σ_i T[e, r, i] x[send, i, c]
+      std::vector<S> acc(static_cast<size_t>(z.C));
+      message_any(g, w, T, x, recv, send, path, out, z, acc.data());
+      break;
+    }
+    case EdgeSlot::kInput: {  // out[send, i, c] += Σ_r T[e, r, i] w[e, p, c] g[recv, r, c]
+      std::vector<S> tmp(static_cast<size_t>(z.C));
+      input_any(g, w, T, recv, send, path, out, z, tmp.data());
+      break;
+    }
+    case EdgeSlot::kWeights: {  // out[e, p, c] += g[recv, r, c] Σ_i T[e, r, i] x[send, i, c]
+      at::parallel_for(0, z.E, 256, [&](int64_t begin, int64_t end) {
+        std::vector<S> acc(static_cast<size_t>(z.C));
+        weights_any(g, T, x, recv, send, path, out, z, begin, end, acc.data());
+      });
+      break;
+    }
+    case EdgeSlot::kTable: {  // out[e, r, i] = Σ_c w[e, p, c] g[recv, r, c] x[send, i, c]
+      at::parallel_for(0, z.E, 256, [&](int64_t begin, int64_t end) {
+        std::vector<S> tmp(static_cast<size_t>(z.C));
+        table_any(g, w, x, recv, send, path, out, z, begin, end, tmp.data());
+      });
+      break;
+    }
+  }
+}
+
+/// The same with tensor operations (other devices / dtypes).
+at::Tensor composite(EdgeSlot slot, const at::Tensor& g, const at::Tensor& w, const at::Tensor& T, const at::Tensor& x,
+                     const at::Tensor& recv, const at::Tensor& send, const at::Tensor& path, const Sizes& z) {
+  switch (slot) {
+    case EdgeSlot::kMessage: {
+      const at::Tensor m = (T.unsqueeze(-1) * x.index_select(0, send).unsqueeze(1)).sum(2);  // [E, R, C]
+      return at::zeros({z.N, z.R, z.C}, w.options()).index_add(0, recv, m * w.index_select(1, path));
+    }
+    case EdgeSlot::kInput: {
+      const at::Tensor tmp = w.index_select(1, path) * g.index_select(0, recv);  // [E, R, C]
+      const at::Tensor m = (T.unsqueeze(-1) * tmp.unsqueeze(2)).sum(1);           // [E, D, C]
+      return at::zeros({z.N, z.D, z.C}, w.options()).index_add(0, send, m);
+    }
+    case EdgeSlot::kWeights: {
+      const at::Tensor acc = (T.unsqueeze(-1) * x.index_select(0, send).unsqueeze(1)).sum(2);  // [E, R, C]
+      return at::zeros({z.E, z.P, z.C}, x.options()).index_add(1, path, acc * g.index_select(0, recv));
+    }
+    case EdgeSlot::kTable: {
+      const at::Tensor tmp = w.index_select(1, path) * g.index_select(0, recv);  // [E, R, C]
+      return at::bmm(tmp, x.index_select(0, send).transpose(1, 2));            // [E, R, D]
+    }
+  }
+  return at::Tensor();
+}
+
+at::Tensor contraction_forward(EdgeSlot slot, const at::Tensor& g, const at::Tensor& w, const at::Tensor& T,
+                               const at::Tensor& x, const at::Tensor& recv, const at::Tensor& send,
+                               const at::Tensor& path, const Sizes& z) {
+  const std::array<const at::Tensor*, 4> all{&g, &w, &T, &x};  // all[slot] is a placeholder
+  const at::Tensor* ref = nullptr;
+  for (int k = 0; k < 4; ++k)
+    if (k != static_cast<int>(slot)) ref = ref ? ref : all[static_cast<size_t>(k)];
+  const bool fused = ref->device().is_cpu() && (ref->scalar_type() == at::kFloat || ref->scalar_type() == at::kDouble);
+  for (int k = 0; k < 4; ++k) {
+    if (k == static_cast<int>(slot)) continue;
+    TORCH_CHECK(all[static_cast<size_t>(k)]->scalar_type() == ref->scalar_type() &&
+                    all[static_cast<size_t>(k)]->device() == ref->device(),
+                "edge_contraction: all tensors must share dtype and device");
+  }
+  if (!fused) return composite(slot, g, w, T, x, recv, send, path, z);
+  const at::Tensor gc = g.defined() ? g.contiguous() : g, wc = w.defined() ? w.contiguous() : w;
+  const at::Tensor tc = T.defined() ? T.contiguous() : T, xc = x.defined() ? x.contiguous() : x;
+  const at::Tensor rc = recv.contiguous(), sc = send.contiguous(), pc = path.contiguous();
+  std::vector<int64_t> shape;
+  switch (slot) {
+    case EdgeSlot::kMessage: shape = {z.N, z.R, z.C}; break;
+    case EdgeSlot::kWeights: shape = {z.E, z.P, z.C}; break;
+    case EdgeSlot::kTable: shape = {z.E, z.R, z.D}; break;
+    case EdgeSlot::kInput: shape = {z.N, z.D, z.C}; break;
+  }
+  // The table slot is written in full; the others accumulate.
+  at::Tensor out = slot == EdgeSlot::kTable ? at::empty(shape, ref->options()) : at::zeros(shape, ref->options());
+  AT_DISPATCH_FLOATING_TYPES(ref->scalar_type(), "edge_contraction", [&] {
+    auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<scalar_t>() : nullptr; };
+    kernel<scalar_t>(slot, ptr(gc), ptr(wc), ptr(tc), ptr(xc), rc.data_ptr<int64_t>(), sc.data_ptr<int64_t>(),
+                     pc.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), z);
+  });
+  return out;
+}
+
+struct EdgeContractionFn : public Function<EdgeContractionFn> {
+  static at::Tensor forward(AutogradContext* ctx, int64_t slot, const at::Tensor& g, const at::Tensor& w,
+                            const at::Tensor& T, const at::Tensor& x, const at::Tensor& recv, const at::Tensor& send,
+                            const at::Tensor& path, std::vector<int64_t> sizes) {
+    ctx->saved_data["slot"] = slot;
+    ctx->saved_data["sizes"] = sizes;
+    // The slot's own argument is an empty placeholder.
+    ctx->save_for_backward({g, w, T, x, recv, send, path});
+    const Sizes z{sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5]};
+    return contraction_forward(static_cast<EdgeSlot>(slot), g, w, T, x, recv, send, path, z);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t slot = ctx->saved_data["slot"].toInt();
+    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    auto s = ctx->get_saved_variables();
+    std::array<at::Tensor, 4> t{s[0], s[1], s[2], s[3]};
+    t[static_cast<size_t>(slot)] = grads[0];  // the cotangent takes the differentiated slot
+    variable_list out(9);
+    for (int64_t k = 0; k < 4; ++k) {
+      if (k == slot || !ctx->needs_input_grad(static_cast<size_t>(k))) continue;
+      std::array<at::Tensor, 4> args = t;
+      args[static_cast<size_t>(k)] = at::empty({0}, s[4].options().dtype(grads[0].scalar_type()));
+      out[static_cast<size_t>(1 + k)] =
+          EdgeContractionFn::apply(k, args[0], args[1], args[2], args[3], s[4], s[5], s[6], sizes);
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+at::Tensor edge_contraction(EdgeSlot slot, const at::Tensor& g, const at::Tensor& w, const at::Tensor& T,
+                            const at::Tensor& x, const at::Tensor& receiver, const at::Tensor& sender,
+                            const at::Tensor& row_path, int64_t num_nodes, int64_t num_paths, int64_t rows,
+                            int64_t dim, int64_t channels) {
+  const int64_t E = receiver.size(0);
+  TORCH_CHECK(sender.size(0) == E && row_path.size(0) == rows, "edge_contraction: index sizes do not match");
+  if (g.defined() && slot != EdgeSlot::kMessage)
+    TORCH_CHECK(g.dim() == 3 && g.size(0) == num_nodes && g.size(1) == rows && g.size(2) == channels, "edge_contraction: g must be [N, R, C]");
+  if (w.defined() && slot != EdgeSlot::kWeights)
+    TORCH_CHECK(w.dim() == 3 && w.size(0) == E && w.size(1) == num_paths && w.size(2) == channels, "edge_contraction: w must be [E, P, C]");
+  if (T.defined() && slot != EdgeSlot::kTable)
+    TORCH_CHECK(T.dim() == 3 && T.size(0) == E && T.size(1) == rows && T.size(2) == dim, "edge_contraction: T must be [E, R, D]");
+  if (x.defined() && slot != EdgeSlot::kInput)
+    TORCH_CHECK(x.dim() == 3 && x.size(0) == num_nodes && x.size(1) == dim && x.size(2) == channels, "edge_contraction: x must be [N, D, C]");
+  const std::vector<int64_t> sizes{num_nodes, E, num_paths, rows, dim, channels};
+  // The slot's own argument: an empty placeholder (autograd functions take
+  // no undefined tensors).
+  const at::Tensor any = slot == EdgeSlot::kWeights ? x : w;
+  auto arg = [&](EdgeSlot k, const at::Tensor& t) { return k == slot ? at::empty({0}, any.options()) : t; };
+  return EdgeContractionFn::apply(static_cast<int64_t>(slot), arg(EdgeSlot::kMessage, g), arg(EdgeSlot::kWeights, w),
+                                  arg(EdgeSlot::kTable, T), arg(EdgeSlot::kInput, x), receiver, sender, row_path, sizes);
+}
+
+}  // namespace crucible::mace
