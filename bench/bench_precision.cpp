@@ -36,7 +36,7 @@ Row run_mode(const std::string& mode, int64_t epochs, const Config& config,
   const auto& tc = config.training;
   auto train_ds = std::make_shared<AtomicDataset>(train, config.model.cutoff);
   auto valid_ds = std::make_shared<AtomicDataset>(valid, config.model.cutoff);
-  const SchNetOptions so = schnet_options(config.model);
+  const SchNetOptions so = schnet_options(config.model.params, config.model.cutoff);
   at::manual_seed(0);  // same initial weights in every mode
   SchNet model(so);
   const at::Tensor e0 = fit_reference_energies(train);

@@ -30,7 +30,7 @@ struct Fixture {
     const at::ScalarType dtype = tc.dtype == "float64" ? at::kDouble : at::kFloat;
     auto structures = read_extxyz(CRUCIBLE_SOURCE_DIR "/data/alloy_TiAl/TiAl_tutorial.xyz");
     dataset = std::make_shared<AtomicDataset>(structures, config.model.cutoff);
-    const SchNetOptions so = schnet_options(config.model);
+    const SchNetOptions so = schnet_options(config.model.params, config.model.cutoff);
     at::manual_seed(0);
     model = SchNet(so);
     model->to(dtype);

@@ -114,13 +114,20 @@ int main(int argc, char** argv) {
     auto valid_ds = std::make_shared<AtomicDataset>(valid, cutoff);
 
     // ---- the teacher: loaded, or trained here on the DFT labels.
-    SchNet teacher{nullptr};
+    std::shared_ptr<EnergyModel> teacher;
     if (!teacher_dir.empty()) {
-      teacher = load_model(teacher_dir).model;
-      teacher->to(at::kFloat);
+      teacher = load_model(teacher_dir).model;  // any registered model type
+      teacher->module().to(at::kFloat);
     } else {
-      SchNetOptions to = schnet_options(default_config().model);  // the default model
-      teacher = make_schnet(to, train);
+      // The default model: SchNet with the default model.schnet.* keys.
+      const ModelConfig mc = default_config().model;
+      SchNetOptions to;
+      to.hidden_channels = std::get<int64_t>(mc.params.at("schnet.hidden_channels"));
+      to.num_filters = std::get<int64_t>(mc.params.at("schnet.num_filters"));
+      to.num_interactions = std::get<int64_t>(mc.params.at("schnet.num_interactions"));
+      to.num_gaussians = std::get<int64_t>(mc.params.at("schnet.num_gaussians"));
+      to.cutoff = mc.cutoff;
+      teacher = make_schnet(to, train).ptr();
       StrategyOptions so;
       so.num_epochs = teacher_epochs;
       so.dtype = at::kFloat;
@@ -128,7 +135,7 @@ int main(int argc, char** argv) {
       WeightedSumLoss loss;
       loss.add(std::make_shared<EnergyMSELoss>(), 1.0);
       loss.add(std::make_shared<ForcesMSELoss>(), 1.0);
-      TrainingStrategy teach(teacher.ptr(), so, loss);
+      TrainingStrategy teach(teacher, so, loss);
       DataLoader loader(train_ds, DataLoaderOptions{4, true, 0, false});
       teach.run(loader);
       std::printf("teacher: %lld epochs of training on %zu structures\n",
@@ -170,7 +177,7 @@ int main(int argc, char** argv) {
     cosine.final_lr_factor = 0.05;
     adam.scheduler = cosine;
     so.optimizer_configs["student"] = {adam};  // no entry for the teacher: frozen
-    TrainingStrategy distill({{"student", student.ptr()}, {"teacher", teacher.ptr()}}, so, loss,
+    TrainingStrategy distill({{"student", student.ptr()}, {"teacher", teacher}}, so, loss,
                              {}, fn);
 
     const auto before = mae_against(*student, *teacher, *valid_ds);
@@ -182,7 +189,7 @@ int main(int argc, char** argv) {
     const auto dft_student = evaluate_model(*student, *valid_ds, at::kCPU, eo);
     const auto dft_teacher = evaluate_model(*teacher, *valid_ds, at::kCPU, eo);
     bool teacher_frozen_flags_restored = true;
-    for (const auto& p : teacher->parameters()) {
+    for (const auto& p : teacher->module().parameters()) {
       teacher_frozen_flags_restored = teacher_frozen_flags_restored && p.requires_grad();
     }
 
@@ -193,7 +200,7 @@ int main(int argc, char** argv) {
     };
     std::printf("distillation: %lld epochs, %lld steps; student %lld parameters, teacher %lld\n",
                 static_cast<long long>(epochs), static_cast<long long>(distill.step_count),
-                count(student->parameters()), count(teacher->parameters()));
+                count(student->parameters()), count(teacher->module().parameters()));
     std::printf("student vs teacher on %zu held-out structures: energy MAE %.2f -> %.2f "
                 "meV/atom, force MAE %.1f -> %.1f meV/A\n",
                 valid.size(), before.first, after.first, before.second, after.second);

@@ -48,7 +48,7 @@ Config resolve_config(const std::string& config_file, const std::vector<std::str
 
 int run(int argc, char** argv) {
   CLI::App app{
-      "Crucible: train and evaluate machine-learned interatomic potentials (SchNet) on "
+      "Crucible: train and evaluate machine-learned interatomic potentials (SchNet, MACE) on "
       "extended XYZ data.\n\nExamples:\n"
       "  crucible train                                  # bundled TiAl data, defaults\n"
       "  crucible train --config configs/ethanol.yaml training.num_epochs=5\n"

@@ -78,13 +78,13 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
         << unseen << "; their predictions are meaningless\n";
   }
 
-  const double cutoff = loaded.meta.options.cutoff;
+  const double cutoff = loaded.model->cutoff();
   AtomicDataset dataset(std::move(structures), cutoff);
   EvaluateOptions eo;
   eo.batch_size = req.batch_size;
   eo.stress = true;
   eo.dtype = loaded.meta.dtype == "float64" ? at::kDouble : at::kFloat;
-  loaded.model->to(device);
+  loaded.model->module().to(device);
   const ValidationSummary v = evaluate_model(*loaded.model, dataset, device, eo);
 
   out << fmt::format("model      {} ({}, {}, cutoff {} Å, elements{})\n", req.model_dir,

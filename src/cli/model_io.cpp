@@ -5,9 +5,12 @@
 #include "crucible/checkpoint/tensor_archive.h"
 #include "crucible/common/error.h"
 #include "crucible/data/extxyz.h"
+#include "crucible/models/registry.h"
 
 #include <nlohmann/json.hpp>
 #include <torch/serialize.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -53,13 +56,15 @@ UnitSetting unit_from_json(const json& j, UnitQuantity q) {
 
 }  // namespace
 
-void save_model(const std::string& run_dir, SchNet& model, const ModelMetadata& meta) {
+void save_model(const std::string& run_dir, EnergyModel& model, const ModelMetadata& meta) {
   const fs::path dir(run_dir);
-  model->to(at::kCPU);
+  model.module().to(at::kCPU);
   const fs::path pt = dir / "model.pt";
   const fs::path pt_tmp = dir / "model.pt.tmp";
   try {
-    torch::save(model, pt_tmp.string());
+    torch::serialize::OutputArchive archive;
+    model.module().save(archive);
+    archive.save_to(pt_tmp.string());
   } catch (const c10::Error& e) {
     throw DataError(pt.string() + ": cannot be written: " + e.what_without_backtrace());
   }
@@ -71,15 +76,10 @@ void save_model(const std::string& run_dir, SchNet& model, const ModelMetadata& 
   j["format"] = kFormat;
   j["version"] = kVersion;
   j["model_type"] = meta.model_type;
-  const auto& o = meta.options;
-  j["hyperparameters"] = {{"hidden_channels", o.hidden_channels},
-                          {"num_filters", o.num_filters},
-                          {"num_interactions", o.num_interactions},
-                          {"num_gaussians", o.num_gaussians},
-                          {"cutoff", o.cutoff},
-                          {"max_atomic_number", o.max_atomic_number}};
+  j["hyperparameters"] = meta.hyperparameters.is_null() ? model_factory(meta.model_type).to_json(model)
+                                                        : meta.hyperparameters;
   j["dtype"] = meta.dtype;
-  j["cutoff_angstrom"] = o.cutoff;
+  j["cutoff_angstrom"] = model.cutoff();
   json elements = json::array(), zs = json::array(), e0 = json::object();
   for (int64_t z : meta.atomic_numbers) {
     elements.push_back(chemical_symbol(z));
@@ -129,17 +129,12 @@ LoadedModel load_model(const std::string& run_dir) {
                       ", got " + std::to_string(version));
     }
     meta.model_type = j.at("model_type").get<std::string>();
-    if (meta.model_type != "schnet") {
-      throw DataError(json_path.string() + ": model_type must be \"schnet\", got \"" +
-                      meta.model_type + "\"");
+    try {
+      model_factory(meta.model_type);
+    } catch (const std::invalid_argument& e) {
+      throw DataError(json_path.string() + ": model_type " + e.what());
     }
-    const auto& h = j.at("hyperparameters");
-    meta.options.hidden_channels = h.at("hidden_channels").get<int64_t>();
-    meta.options.num_filters = h.at("num_filters").get<int64_t>();
-    meta.options.num_interactions = h.at("num_interactions").get<int64_t>();
-    meta.options.num_gaussians = h.at("num_gaussians").get<int64_t>();
-    meta.options.cutoff = h.at("cutoff").get<double>();
-    meta.options.max_atomic_number = h.at("max_atomic_number").get<int64_t>();
+    meta.hyperparameters = j.at("hyperparameters");
     meta.dtype = j.at("dtype").get<std::string>();
     if (meta.dtype != "float32" && meta.dtype != "float64") {
       throw DataError(json_path.string() + ": dtype must be float32 or float64, got \"" +
@@ -175,17 +170,20 @@ LoadedModel load_model(const std::string& run_dir) {
   }
   if (!fs::exists(pt)) throw DataError(pt.string() + ": model weights file does not exist");
   try {
-    out.model = SchNet(meta.options);
-  } catch (const std::invalid_argument& e) {
+    out.model = model_factory(meta.model_type).from_json(meta.hyperparameters);
+  } catch (const std::exception& e) {
     throw DataError(json_path.string() + ": invalid hyperparameters: " + e.what());
   }
-  out.model->to(meta.dtype == "float64" ? at::kDouble : at::kFloat);
+  torch::nn::Module& module = out.model->module();
+  module.to(meta.dtype == "float64" ? at::kDouble : at::kFloat);
   std::map<std::string, std::vector<int64_t>> shapes;
-  for (const auto& p : out.model->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
-  for (const auto& b : out.model->named_buffers()) shapes[b.key()] = b.value().sizes().vec();
+  for (const auto& p : module.named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+  for (const auto& b : module.named_buffers()) shapes[b.key()] = b.value().sizes().vec();
   checkpoint::require_data_only_archive_file(pt.string());  // nothing in it runs
   try {
-    torch::load(out.model, pt.string());
+    torch::serialize::InputArchive archive;
+    archive.load_from(pt.string());
+    module.load(archive);
   } catch (const c10::Error& e) {
     throw DataError(pt.string() + ": cannot be loaded as a " + meta.model_type +
                     " model with the hyperparameters of model.json: " +
@@ -200,9 +198,9 @@ LoadedModel load_model(const std::string& run_dir) {
       throw DataError(os.str());
     }
   };
-  for (const auto& p : out.model->named_parameters()) check_shape(p.key(), p.value());
-  for (const auto& b : out.model->named_buffers()) check_shape(b.key(), b.value());
-  out.model->eval();
+  for (const auto& p : module.named_parameters()) check_shape(p.key(), p.value());
+  for (const auto& b : module.named_buffers()) check_shape(b.key(), b.value());
+  module.eval();
   return out;
 }
 

@@ -2,6 +2,7 @@
 // include/crucible/cli/resource_limits.h.
 
 #include "crucible/cli/resource_limits.h"
+#include "crucible/models/registry.h"
 
 #include "crucible/common/error.h"
 
@@ -44,26 +45,29 @@ void check_thread_count(int64_t num_threads) {
   }
 }
 
-double schnet_parameter_estimate(const ModelConfig& m) {
-  const double h = static_cast<double>(m.hidden_channels);
-  const double f = static_cast<double>(m.num_filters);
-  const double g = static_cast<double>(m.num_gaussians);
-  const double t = static_cast<double>(m.num_interactions);
-  const double per_interaction = g * f + f * f + 2 * f + 2 * h * f + 2 * h + h * h + h;
-  return 119.0 * h + t * per_interaction + h * h / 2 + h;
+double model_parameter_estimate(const ModelConfig& m) {
+  ModelBuildContext ctx;
+  ctx.type = m.type;
+  ctx.params = &m.params;
+  ctx.cutoff = m.cutoff;
+  try {
+    return model_factory(m.type).parameter_estimate(ctx);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("model.") + m.type + ": " + e.what());
+  }
 }
 
 void check_model_size(const ModelConfig& m, int64_t available_bytes) {
-  const double params = schnet_parameter_estimate(m);
+  const double params = model_parameter_estimate(m);
   const double bytes = 16.0 * params;
   if (bytes > static_cast<double>(available_bytes)) {
+    std::string keys;
+    for (const auto& k : model_factory(m.type).keys) keys += (keys.empty() ? "" : ", ") + ("model." + m.type + "." + k.name);
     throw ConfigError(fmt::format(
-        "model.hidden_channels = {}, model.num_filters = {}, model.num_interactions = {}, "
-        "model.num_gaussians = {} give about {:.2g} parameters, whose training state (weights, "
+        "the model.{} keys ({}) give about {:.2g} parameters, whose training state (weights, "
         "gradients, optimizer moments: {:.2g} bytes) exceeds the {} of memory available; choose "
         "smaller values (typical: 32-256 channels, 2-6 interactions)",
-        m.hidden_channels, m.num_filters, m.num_interactions, m.num_gaussians, params, bytes,
-        gib(static_cast<double>(available_bytes))));
+        m.type, keys, params, bytes, gib(static_cast<double>(available_bytes))));
   }
 }
 

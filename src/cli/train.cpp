@@ -13,7 +13,9 @@
 #include "crucible/distributed/process_group.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/losses/loss.h"
-#include "crucible/models/schnet.h"
+#include "crucible/models/registry.h"
+
+#include <fmt/ranges.h>
 #include "crucible/training/checkpointing.h"
 #include "crucible/training/ema.h"
 #include "crucible/training/gradient_accumulation.h"
@@ -323,8 +325,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   const auto& elements = setup.elements;
   const at::Tensor& e0 = setup.e0;
   const double scale = setup.scale, shift = setup.shift;
-  const SchNetOptions& so = setup.model_options;
-  SchNet model = setup.model;
+  EnergyModel& model = *setup.model;
   DataLoader& loader = *setup.loader;
   TrainingStrategy& strategy = *setup.strategy;
   const auto& spike_hook = setup.spike_hook;
@@ -429,11 +430,22 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   out << fmt::format("  elements   {}\n", elem_text);
   out << fmt::format("  E0 (eV)    {}\n", e0_text);
   out << fmt::format("  scale      {:.6g} eV, shift {:.6g} eV/atom\n", scale, shift);
-  out << fmt::format(
-      "  model      {}: hidden_channels {}, num_filters {}, num_interactions {}, "
-      "num_gaussians {}, cutoff {} Å; {} parameters\n",
-      config.model.type, so.hidden_channels, so.num_filters, so.num_interactions,
-      so.num_gaussians, so.cutoff, setup.num_parameters);
+  {
+    // The model.type's own keys (issue 16), then the cutoff.
+    std::string keys;
+    for (const auto& k : model_factory(config.model.type).keys) {
+      const ModelParamValue& v = config.model.params.at(config.model.type + "." + k.name);
+      std::string text;
+      if (const auto* b = std::get_if<bool>(&v)) text = *b ? "true" : "false";
+      if (const auto* i = std::get_if<int64_t>(&v)) text = std::to_string(*i);
+      if (const auto* d = std::get_if<double>(&v)) text = fmt::format("{}", *d);
+      if (const auto* str = std::get_if<std::string>(&v)) text = *str;
+      if (const auto* l = std::get_if<std::vector<int64_t>>(&v)) text = fmt::format("[{}]", fmt::join(*l, ", "));
+      keys += fmt::format("{}{} {}", keys.empty() ? "" : ", ", k.name, text);
+    }
+    out << fmt::format("  model      {}: {}, cutoff {} Å; {} parameters\n", config.model.type, keys,
+                       config.model.cutoff, setup.num_parameters);
+  }
   out << fmt::format("  loss       {}\n", setup.loss_text);
   out << fmt::format("  optimizer  {} lr {} weight_decay {}; {}; {}\n", tc.optimizer.name,
                      tc.optimizer.lr, tc.optimizer.weight_decay, schedule_text,
@@ -630,7 +642,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
 
   ModelMetadata meta;
   meta.model_type = config.model.type;
-  meta.options = so;
+  meta.hyperparameters = model_factory(config.model.type).to_json(model);
   meta.dtype = dtype_name;
   meta.atomic_numbers.assign(elements.begin(), elements.end());
   for (int64_t z : elements) meta.e0[z] = e0[z].item<double>();
@@ -640,8 +652,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   // With EMA for validation, model.pt holds the averaged weights (MACE).
   auto inference = tc.ema.use_for_validation ? strategy.inference_model() : nullptr;
   if (inference) {
-    SchNet averaged(std::dynamic_pointer_cast<SchNetImpl>(inference));
-    save_model(run_dir.string(), averaged, meta);
+    save_model(run_dir.string(), *inference, meta);
   } else {
     save_model(run_dir.string(), model, meta);
   }

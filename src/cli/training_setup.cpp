@@ -1,6 +1,8 @@
 // build_training / load_training_from_checkpoint: a run from its recipe.
 
 #include "crucible/cli/training_setup.h"
+#include "crucible/models/energy_normalization.h"
+#include "crucible/models/registry.h"
 
 #include "crucible/cli/commands.h"
 #include "crucible/cli/resource_limits.h"
@@ -219,21 +221,35 @@ TrainingSetup build_training(const Config& input_config,
   auto valid_ds = std::make_shared<AtomicDataset>(valid, cutoff);
 
   at::manual_seed(static_cast<uint64_t>(tc.seed));
-  const SchNetOptions so = schnet_options(config.model);
-  SchNet model(nullptr);
+  // The registered model of model.type (issue 16), built from its keys.
+  ModelBuildContext mctx;
+  mctx.type = config.model.type;
+  mctx.params = &config.model.params;
+  mctx.cutoff = cutoff;
+  mctx.elements.assign(elements.begin(), elements.end());
+  {
+    int64_t edges = 0, atoms = 0;
+    for (int64_t k = 0; k < train_ds->size(); ++k) {
+      edges += train_ds->neighbor_list(k).edge_index.size(1);
+      atoms += train[static_cast<size_t>(k)].num_atoms();
+    }
+    mctx.avg_num_neighbors = atoms > 0 ? static_cast<double>(edges) / static_cast<double>(atoms) : 1.0;
+  }
+  std::shared_ptr<EnergyModel> model;
   try {
     // Seed 004 module_init_context: parameters are created in the
     // precision's parameter dtype (the strategy then converts the rest).
     std::unique_ptr<PrecisionPlugin::DefaultDtypeGuard> init_dtype;
     if (tc.precision) init_dtype = make_precision_plugin(*tc.precision)->module_init_context();
-    model = SchNet(so);
+    model = model_factory(config.model.type).create(mctx);
   } catch (const std::invalid_argument& e) {
-    throw ConfigError(std::string("model: ") + e.what());
+    const std::string what = e.what();
+    throw ConfigError(what.rfind("model.", 0) == 0 ? what : "model." + config.model.type + ": " + what);
   }
-  model->to(dtype);
+  model->module().to(dtype);
   model->set_energy_normalization(e0, scale, shift);
   int64_t num_params = 0;
-  for (const auto& p : model->parameters()) num_params += p.numel();
+  for (const auto& p : model->module().parameters()) num_params += p.numel();
 
   StrategyOptions sopt;
   sopt.num_epochs = tc.num_epochs;
@@ -266,7 +282,7 @@ TrainingSetup build_training(const Config& input_config,
     sopt.bucket_cap_mb = tc.distributed.bucket_cap_mb;
   }
 
-  auto strategy = std::make_unique<TrainingStrategy>(model.ptr(), sopt, std::move(loss));
+  auto strategy = std::make_unique<TrainingStrategy>(model, sopt, std::move(loss));
   // Canonical update hooks (seed 001), folded into one orchestrator.
   if (tc.gradient_accumulation_steps > 1) {
     strategy->register_hook(
@@ -311,7 +327,6 @@ TrainingSetup build_training(const Config& input_config,
   s.e0 = e0;
   s.scale = scale;
   s.shift = shift;
-  s.model_options = so;
   s.model = model;
   s.num_parameters = num_params;
   s.loss_terms = std::move(terms);

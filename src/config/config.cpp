@@ -4,7 +4,7 @@
 #include "crucible/config/config.h"
 
 #include "crucible/common/error.h"
-#include "crucible/models/schnet.h"
+#include "crucible/models/registry.h"
 #include "crucible/losses/loss.h"
 #include "crucible/losses/loss_weight_schedule.h"
 #include "crucible/training/lr_scheduler.h"
@@ -135,7 +135,7 @@ namespace {
 
 // --------------------------------------------------------------- schema ----
 
-enum class Kind { kString, kOptString, kInt, kOptInt, kFloat, kBool, kUnit, kWeightMap };
+enum class Kind { kString, kOptString, kInt, kOptInt, kFloat, kBool, kUnit, kWeightMap, kIntList };
 
 struct Key {
   std::string path;
@@ -235,30 +235,48 @@ std::vector<Key> build_schema() {
     key.unit_quantity = UnitQuantity::kStress;
   }
 
-  // model
-  add("model.type", Kind::kString, "", "Model architecture. Only \"schnet\" for now.",
-      [](Config& c) -> void* { return &c.model.type; })
-      .choices = {"schnet"};
-  min_incl(add("model.hidden_channels", Kind::kInt, "",
-               "Size of the atom feature vectors (SchNet n_atom_basis / NequIP-like width).",
-               [](Config& c) -> void* { return &c.model.hidden_channels; }),
-           2.0);
-  min_incl(add("model.num_filters", Kind::kInt, "",
-               "Size of the continuous filters of each interaction (SchNet n_filters).",
-               [](Config& c) -> void* { return &c.model.num_filters; }),
-           1.0);
-  min_incl(add("model.num_interactions", Kind::kInt, "",
-               "Number of interaction (message-passing) blocks.",
-               [](Config& c) -> void* { return &c.model.num_interactions; }),
-           1.0);
-  min_incl(add("model.num_gaussians", Kind::kInt, "",
-               "Number of Gaussian radial basis functions on [0, cutoff].",
-               [](Config& c) -> void* { return &c.model.num_gaussians; }),
-           2.0);
-  min_excl(add("model.cutoff", Kind::kFloat, "Å",
+  // model: the type and cutoff here; every other key belongs to a
+  // registered model (crucible/models/registry.h) as model.<type>.<name>.
+  {
+    std::vector<std::string> types;
+    std::string listed;
+    for (const auto& f : model_registry()) {
+      types.push_back(f.type);
+      listed += (listed.empty() ? "" : "; ") + f.type + ": " + f.description;
+    }
+    add("model.type", Kind::kString, "",
+        "Model architecture; its hyperparameters are the keys model.<type>.*. " + listed + ".",
+        [](Config& c) -> void* { return &c.model.type; })
+        .choices = types;
+  }
+  min_excl(add("model.cutoff", Kind::kFloat, "\xC3\x85",
                "Neighbor cutoff radius (r_max); interactions vanish smoothly at it.",
                [](Config& c) -> void* { return &c.model.cutoff; }),
            0.0);
+  for (const auto& f : model_registry()) {
+    for (const auto& mk : f.keys) {
+      const std::string id = f.type + "." + mk.name;
+      Kind kind = Kind::kString;
+      if (std::holds_alternative<bool>(mk.default_value)) kind = Kind::kBool;
+      if (std::holds_alternative<int64_t>(mk.default_value)) kind = Kind::kInt;
+      if (std::holds_alternative<double>(mk.default_value)) kind = Kind::kFloat;
+      if (std::holds_alternative<std::vector<int64_t>>(mk.default_value)) kind = Kind::kIntList;
+      Key& key = add("model." + id, kind, mk.units, mk.doc + " (model.type: " + f.type + ")",
+                     [id, kind](Config& c) -> void* {
+                       ModelParamValue& v = c.model.params[id];
+                       switch (kind) {
+                         case Kind::kBool: return &std::get<bool>(v);
+                         case Kind::kInt: return &std::get<int64_t>(v);
+                         case Kind::kFloat: return &std::get<double>(v);
+                         case Kind::kIntList: return &std::get<std::vector<int64_t>>(v);
+                         default: return &std::get<std::string>(v);
+                       }
+                     });
+      key.min = mk.min;
+      key.min_exclusive = mk.min_exclusive;
+      key.choices = mk.choices;
+    }
+  }
 
   // training
   min_incl(add("training.num_epochs", Kind::kOptInt, "",
@@ -942,6 +960,21 @@ void set_value(Config& config, const Key& key, const YAML::Node& node, const Sou
       as<UnitSetting>(p) = u;
       return;
     }
+    case Kind::kIntList: {
+      const std::string expected = "a list of integers, e.g. [64, 64, 64]";
+      if (!node.IsSequence()) type_error(key, expected, node, src);
+      std::vector<int64_t> out;
+      for (const auto& item : node) {
+        if (!is_plain_scalar(item)) type_error(key, expected, node, src);
+        const auto v = parse_int(item.Scalar());
+        if (!v) type_error(key, expected, node, src);
+        if (auto e = check_range(key, static_cast<double>(*v)); !e.empty()) fail(e);
+        out.push_back(*v);
+      }
+      if (out.size() > 64) fail(key.path + " must have at most 64 entries, got " + std::to_string(out.size()));
+      as<std::vector<int64_t>>(p) = std::move(out);
+      return;
+    }
     case Kind::kWeightMap: {
       const std::string expected = "a mapping of names to numbers >= 0, e.g. {bulk: 2.0}";
       if (node.IsNull()) {
@@ -977,6 +1010,18 @@ void set_value(Config& config, const Key& key, const YAML::Node& node, const Sou
   }
 }
 
+/// "model.schnet.hidden_channels" (or both candidates) for an old flat
+/// model key such as "model.hidden_channels"; "" otherwise.
+std::string moved_model_key(const std::string& path) {
+  if (path.rfind("model.", 0) != 0 || std::count(path.begin(), path.end(), '.') != 1) return "";
+  const std::string leaf = path.substr(6);
+  std::string out;
+  for (const auto& f : model_registry())
+    for (const auto& k : f.keys)
+      if (k.name == leaf) out += (out.empty() ? "" : " or ") + ("model." + f.type + "." + leaf);
+  return out;
+}
+
 void apply_mapping(Config& config, const YAML::Node& node, const std::string& section,
                    const Source& src, LayerState& layer) {
   if (node.IsNull()) return;  // "training:" with nothing under it
@@ -999,6 +1044,9 @@ void apply_mapping(Config& config, const YAML::Node& node, const std::string& se
       set_value(config, *key, kv.second, src, layer);
     } else if (is_section(path)) {
       apply_mapping(config, kv.second, path, src, layer);
+    } else if (const std::string moved = moved_model_key(path); !moved.empty()) {
+      throw ConfigError("config key '" + path + "'" + src.where(k) + " moved to " + moved +
+                        " (each model's hyperparameters are model.<type>.*)");
     } else {
       const auto known = children(section);
       const std::string shown = printable(path);
@@ -1056,6 +1104,11 @@ std::string value_text(const Key& key, const Config& config) {
       const auto& u = as<UnitSetting>(p);
       return u.name.empty() ? format_number(u.factor) : quote(u.name);
     }
+    case Kind::kIntList: {
+      std::string out;
+      for (int64_t v : as<std::vector<int64_t>>(p)) out += (out.empty() ? "" : ", ") + std::to_string(v);
+      return "[" + out + "]";
+    }
     case Kind::kWeightMap: {
       std::string out;
       for (const auto& [name, w] : as<std::map<std::string, double>>(p)) {
@@ -1085,6 +1138,8 @@ std::string type_name(const Key& key) {
       return "unit name or number";
     case Kind::kWeightMap:
       return "mapping of name to number";
+    case Kind::kIntList:
+      return "list of integers";
   }
   return "";
 }
@@ -1315,10 +1370,29 @@ void validate_config(const Config& config) {
         }
         break;
       }
+      case Kind::kIntList:
+        for (int64_t v : as<std::vector<int64_t>>(p)) {
+          if (e.empty()) e = check_range(key, static_cast<double>(v));
+        }
+        break;
       default:
         break;
     }
     if (!e.empty()) throw ConfigError(e);
+  }
+  // Keys of another architecture than model.type must keep their defaults.
+  {
+    const ModelParams defaults = default_model_params();
+    for (const auto& [id, value] : config.model.params) {
+      const std::string owner = id.substr(0, id.find('.'));
+      if (owner == config.model.type) continue;
+      auto it = defaults.find(id);
+      if (it == defaults.end()) throw ConfigError("unknown config key 'model." + id + "'");
+      if (!(it->second == value)) {
+        throw ConfigError("model." + id + " applies to model.type " + owner + ", but model.type is " +
+                          config.model.type + "; remove it or set model.type: " + owner);
+      }
+    }
   }
   const auto& t = config.training;
   if (t.num_epochs.has_value() == t.num_steps.has_value()) {
@@ -1531,15 +1605,6 @@ bool operator==(const Config& a, const Config& b) {
   return true;
 }
 
-SchNetOptions schnet_options(const ModelConfig& model) {
-  SchNetOptions so;
-  so.hidden_channels = model.hidden_channels;
-  so.num_filters = model.num_filters;
-  so.num_interactions = model.num_interactions;
-  so.num_gaussians = model.num_gaussians;
-  so.cutoff = model.cutoff;
-  return so;
-}
 
 SchedulerConfig scheduler_config(const SchedulerSettings& settings) {
   SchedulerConfig c;
@@ -1689,6 +1754,8 @@ nlohmann::ordered_json spec_value(const Key& key, const Config& config) {
       const auto& u = as<UnitSetting>(p);
       return u.name.empty() ? nlohmann::ordered_json(u.factor) : nlohmann::ordered_json(u.name);
     }
+    case Kind::kIntList:
+      return as<std::vector<int64_t>>(p);
     case Kind::kWeightMap: {
       nlohmann::ordered_json m = nlohmann::ordered_json::object();
       for (const auto& [name, w] : as<std::map<std::string, double>>(p)) m[name] = w;

@@ -120,8 +120,8 @@ inline std::string tial_frames(int count) {
 /// `crucible train` arguments of a small, fast run on `data` into `run_dir`.
 inline std::vector<std::string> tiny_training_args(const fs::path& data, const fs::path& run_dir) {
   return {"train", "data.train_file=" + data.string(), "data.valid_fraction=0.2",
-          "training.batch_size=4", "model.hidden_channels=8", "model.num_filters=8",
-          "model.num_interactions=1", "output.run_dir=" + run_dir.string()};
+          "training.batch_size=4", "model.schnet.hidden_channels=8", "model.schnet.num_filters=8",
+          "model.schnet.num_interactions=1", "output.run_dir=" + run_dir.string()};
 }
 
 }  // namespace crucible::testing

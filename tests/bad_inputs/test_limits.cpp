@@ -67,8 +67,10 @@ TEST_F(Limits, DataFilesMustBeRegularFiles) {
 TEST_F(Limits, SizesAreCheckedFromTheKeysBeforeAllocation) {
   const std::string data = "data.train_file=" + (dir_ / "tiny.xyz").string();
   expect_refused({data, "training.num_threads=100000"}, "training.num_threads must be <= ");
-  expect_refused({data, "model.hidden_channels=1000000000"},
-                 "model.hidden_channels = 1000000000, model.num_filters = 32");
+  expect_refused({data, "model.schnet.hidden_channels=1000000000"},
+                 "the model.schnet keys (model.schnet.hidden_channels, model.schnet.num_filters");
+  expect_refused({data, "model.type=mace", "model.mace.hidden_irreps=100000x0e+100000x1o"},
+                 "the model.mace keys (model.mace.hidden_irreps");
   expect_refused({data, "model.cutoff=1000"},
                  "with model.cutoff = 1000 Å the neighbor lists would hold about");
 }

@@ -21,8 +21,8 @@ import sys
 import time
 
 ARGS = [
-    "training.num_epochs=6", "training.batch_size=8", "model.hidden_channels=8",
-    "model.num_filters=8", "model.num_interactions=1", "model.num_gaussians=8",
+    "training.num_epochs=6", "training.batch_size=8", "model.schnet.hidden_channels=8",
+    "model.schnet.num_filters=8", "model.schnet.num_interactions=1", "model.schnet.num_gaussians=8",
     "output.checkpoint_every_n_steps=1", "output.keep_last_checkpoints=2",
     "data.valid_fraction=0.05",
 ]

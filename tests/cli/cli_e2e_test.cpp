@@ -6,6 +6,8 @@
 #include "crucible/common/error.h"
 #include "crucible/config/config.h"
 
+#include "cli/e2e_helpers.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -30,62 +32,7 @@ namespace fs = std::filesystem;
 namespace crucible {
 namespace {
 
-struct Result {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-/// Runs `crucible <args>` in `cwd`; captures stdout, stderr and the exit code.
-Result run_crucible(const fs::path& cwd, const std::vector<std::string>& args) {
-  const fs::path err_file = cwd / ("stderr_" + std::to_string(::getpid()) + ".txt");
-  std::string cmd = "cd " + shell_quote(cwd.string()) + " && " + shell_quote(CRUCIBLE_BINARY);
-  for (const auto& a : args) cmd += " " + shell_quote(a);
-  cmd += " 2>" + shell_quote(err_file.string());
-  Result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = read_text(err_file);
-  fs::remove(err_file);
-  return r;
-}
-
-/// Frames of an extxyz file as text blocks.
-std::vector<std::string> frames_of(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> frames;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const int n = std::stoi(line);
-    std::string frame = line + "\n";
-    for (int i = 0; i < n + 1 && std::getline(in, line); ++i) frame += line + "\n";
-    frames.push_back(frame);
-  }
-  return frames;
-}
-
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-}
+using namespace e2e;
 
 class CliTest : public ::testing::Test {
  protected:
@@ -116,9 +63,9 @@ class CliTest : public ::testing::Test {
             "data.valid_file=" + (dir_ / "tiny_valid.xyz").string(),
             "training.num_epochs=2",
             "training.batch_size=4",
-            "model.hidden_channels=8",
-            "model.num_filters=8",
-            "model.num_interactions=1",
+            "model.schnet.hidden_channels=8",
+            "model.schnet.num_filters=8",
+            "model.schnet.num_interactions=1",
             "output.run_dir=" + run_dir};
   }
 
@@ -206,7 +153,7 @@ TEST_F(CliTest, TrainWritesRunDirectoryAndEvaluateMatches) {
   // config.yaml is the resolved config, loadable as a config file.
   const Config resolved = load_config_file((run / "config.yaml").string());
   EXPECT_EQ(resolved.training.num_epochs.value(), 2);
-  EXPECT_EQ(resolved.model.hidden_channels, 8);
+  EXPECT_EQ(std::get<int64_t>(resolved.model.params.at("schnet.hidden_channels")), 8);
   EXPECT_EQ(resolved.output.run_dir.value(), run.string());
 
   // metrics.csv: header and one row per epoch.
@@ -352,9 +299,9 @@ TEST_F(CliTest, SigtermThenResumeMatchesAnUninterruptedRun) {
   }
 
   // A recipe change that matters is refused, listing the key.
-  r = run_crucible(dir_, {"train", "--resume", cut.string(), "model.hidden_channels=16"});
+  r = run_crucible(dir_, {"train", "--resume", cut.string(), "model.schnet.hidden_channels=16"});
   EXPECT_EQ(r.rc, 1);
-  EXPECT_NE(r.err.find("model.hidden_channels: 8 -> 16"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("model.schnet.hidden_channels: 8 -> 16"), std::string::npos) << r.err;
 
   r = run_crucible(dir_, {"train", "--resume", cut.string()});
   ASSERT_EQ(r.rc, 0) << r.out << r.err;

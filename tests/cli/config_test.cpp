@@ -59,7 +59,7 @@ TEST(Config, EmptyDocumentKeepsDefaults) {
 TEST(Config, LoadsNestedValues) {
   const Config c = from_yaml(
       "data:\n  train_file: foo.xyz\n  valid_file: bar.xyz\n  energy_key: REF_energy\n"
-      "model:\n  cutoff: 4.5\n  hidden_channels: 16\n"
+      "model:\n  cutoff: 4.5\n  schnet:\n    hidden_channels: 16\n"
       "training:\n  batch_size: 3\n  optimizer:\n    name: adamw\n    lr: 1e-2\n"
       "    amsgrad: true\n  loss:\n    forces_weight: 100\n  dtype: float32\n"
       "output:\n  run_dir: runs/x\n  overwrite: yes\n");
@@ -67,7 +67,7 @@ TEST(Config, LoadsNestedValues) {
   EXPECT_EQ(c.data.valid_file.value(), "bar.xyz");
   EXPECT_EQ(c.data.energy_key, "REF_energy");
   EXPECT_DOUBLE_EQ(c.model.cutoff, 4.5);
-  EXPECT_EQ(c.model.hidden_channels, 16);
+  EXPECT_EQ(std::get<int64_t>(c.model.params.at("schnet.hidden_channels")), 16);
   EXPECT_EQ(c.training.batch_size, 3);
   EXPECT_EQ(c.training.optimizer.name, "adamw");
   EXPECT_DOUBLE_EQ(c.training.optimizer.lr, 0.01);

@@ -6,6 +6,8 @@
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
+#include "crucible/models/mace/mace.h"
+#include "crucible/models/schnet.h"
 #include "crucible/training/gradient_clipping.h"
 #include "crucible/training/strategy.h"
 
@@ -177,7 +179,6 @@ TEST(ModelIo, SaveLoadRoundTripGivesSameEnergies) {
   const at::Tensor before = model->energy(batch).detach();
 
   ModelMetadata meta;
-  meta.options = tiny_options();
   meta.dtype = "float64";
   meta.atomic_numbers = {13, 22};
   meta.e0 = {{13, -3.5}, {22, -7.25}};
@@ -186,13 +187,15 @@ TEST(ModelIo, SaveLoadRoundTripGivesSameEnergies) {
   meta.data.energy_unit = UnitSetting{"kcal/mol", *named_unit_factor(UnitQuantity::kEnergy, "kcal/mol")};
   meta.data.forces_key = "force";
   const fs::path dir = temp_dir("crucible_model_io_test");
-  save_model(dir.string(), model, meta);
+  save_model(dir.string(), *model, meta);
   EXPECT_TRUE(fs::exists(dir / "model.pt"));
   EXPECT_TRUE(fs::exists(dir / "model.json"));
   EXPECT_FALSE(fs::exists(dir / "model.pt.tmp"));
 
   LoadedModel loaded = load_model(dir.string());
-  EXPECT_EQ(loaded.meta.options.hidden_channels, 8);
+  EXPECT_EQ(loaded.meta.model_type, "schnet");
+  EXPECT_EQ(loaded.meta.hyperparameters.at("hidden_channels"), 8);
+  EXPECT_EQ(loaded.model->name(), "schnet");
   EXPECT_EQ(loaded.meta.dtype, "float64");
   EXPECT_EQ(loaded.meta.atomic_numbers, (std::vector<int64_t>{13, 22}));
   EXPECT_EQ(loaded.meta.data.energy_unit, meta.data.energy_unit);
@@ -216,6 +219,60 @@ TEST(ModelIo, SaveLoadRoundTripGivesSameEnergies) {
   std::ofstream(dir / "model.json") << "{ not json";
   EXPECT_THROW(load_model(dir.string()), DataError);
   EXPECT_THROW(load_model((dir / "missing").string()), DataError);
+  fs::remove_all(dir);
+}
+
+// Issue 16: model.json names the registered type; a MACE model comes back
+// from its hyperparameters with the same energies, and its element list.
+TEST(ModelIo, MaceRoundTripThroughTheRegistry) {
+  at::manual_seed(2);
+  auto frames = tial_frames(3);
+  AtomicDataset ds(frames, 4.0);
+  MaceOptions o;
+  o.hidden_irreps = "4x0e+4x1o";
+  o.radial_mlp = {8};
+  o.cutoff = 4.0;
+  o.avg_num_neighbors = 12.5;
+  o.atomic_numbers = {13, 22};
+  Mace model(o);
+  model->to(at::kDouble);
+  at::Tensor e0 = at::zeros({119}, at::kDouble);
+  e0[13] = -3.5;
+  e0[22] = -7.25;
+  model->set_energy_normalization(e0, 0.7, -0.1);
+  const Batch batch = ds.collate({0, 1, 2});
+  const at::Tensor before = model->energy(batch).detach();
+  ModelMetadata meta;
+  meta.model_type = "mace";
+  meta.dtype = "float64";
+  meta.atomic_numbers = {13, 22};
+  const fs::path dir = temp_dir("crucible_model_io_mace");
+  save_model(dir.string(), *model, meta);
+  LoadedModel loaded = load_model(dir.string());
+  EXPECT_EQ(loaded.model->name(), "mace");
+  EXPECT_EQ(loaded.meta.hyperparameters.at("hidden_irreps"), "4x0e+4x1o");
+  EXPECT_DOUBLE_EQ(loaded.meta.hyperparameters.at("avg_num_neighbors").get<double>(), 12.5);
+  EXPECT_EQ(loaded.model->elements(), (std::vector<int64_t>{13, 22}));
+  const at::Tensor after = loaded.model->energy(batch).detach();
+  EXPECT_TRUE(at::allclose(before, after, 0, 0)) << before << after;
+  // An unknown type names the registered ones.
+  {
+    std::ifstream in(dir / "model.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    const auto p = text.find("\"model_type\": \"mace\"");
+    ASSERT_NE(p, std::string::npos);
+    text.replace(p, 20, "\"model_type\": \"nequ\"");
+    std::ofstream(dir / "model.json") << text;
+  }
+  try {
+    load_model(dir.string());
+    ADD_FAILURE() << "no error";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.type must be one of schnet, mace, got 'nequ'"), std::string::npos)
+        << e.what();
+  }
   fs::remove_all(dir);
 }
 

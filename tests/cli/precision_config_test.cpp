@@ -41,8 +41,8 @@ Config tiny_run(const std::string& precision, const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   apply_overrides(c, {"training.precision=" + precision, "training.num_epochs=null",
-                      "training.num_steps=3", "model.hidden_channels=8", "model.num_filters=8",
-                      "model.num_interactions=1", "model.num_gaussians=6",
+                      "training.num_steps=3", "model.schnet.hidden_channels=8", "model.schnet.num_filters=8",
+                      "model.schnet.num_interactions=1", "model.schnet.num_gaussians=6",
                       "output.run_dir=" + dir.string()});
   return c;
 }

@@ -4,6 +4,8 @@
 #include "crucible/cli/model_io.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -81,13 +83,28 @@ class NprocTest : public ::testing::Test {
             "training.num_steps=" + std::to_string(steps),
             "training.batch_size=" + std::to_string(batch),
             "training.validate_every_n_epochs=0",
-            "model.hidden_channels=16",
-            "model.num_filters=16",
-            "model.num_interactions=2",
+            "model.schnet.hidden_channels=16",
+            "model.schnet.num_filters=16",
+            "model.schnet.num_interactions=2",
             "output.run_dir=" + (dir_ / run).string()};
   }
   fs::path dir_;
 };
+
+/// Largest weight difference of two saved runs, and the largest weight.
+std::pair<double, double> weight_difference(const fs::path& one, const fs::path& two) {
+  auto a = load_model(one.string());
+  auto b = load_model(two.string());
+  const auto pa = a.model->module().named_parameters();
+  const auto pb = b.model->module().named_parameters();
+  EXPECT_EQ(pa.size(), pb.size());
+  double max_diff = 0, max_moved = 0;
+  for (const auto& item : pa) {
+    max_diff = std::max(max_diff, (item.value() - pb[item.key()]).abs().max().item<double>());
+    max_moved = std::max(max_moved, item.value().abs().max().item<double>());
+  }
+  return {max_diff, max_moved};
+}
 
 TEST_F(NprocTest, TwoWorkersWithBatchBMatchOneWorkerWithBatch2BAfter20Steps) {
   Result one = run(dir_, "", args("one", 4, 20));
@@ -101,8 +118,8 @@ TEST_F(NprocTest, TwoWorkersWithBatchBMatchOneWorkerWithBatch2BAfter20Steps) {
 
   auto a = load_model((dir_ / "one").string());
   auto b = load_model((dir_ / "two").string());
-  const auto pa = a.model->named_parameters();
-  const auto pb = b.model->named_parameters();
+  const auto pa = a.model->module().named_parameters();
+  const auto pb = b.model->module().named_parameters();
   ASSERT_EQ(pa.size(), pb.size());
   double max_diff = 0, max_moved = 0;
   for (const auto& item : pa) {
@@ -120,6 +137,29 @@ TEST_F(NprocTest, TwoWorkersWithBatchBMatchOneWorkerWithBatch2BAfter20Steps) {
   const auto sb = nlohmann::json::parse(read_text(dir_ / "two" / "summary.json"))["validation"];
   EXPECT_NEAR(sa["forces_mae"].get<double>(), sb["forces_mae"].get<double>(), 1e-6);
   EXPECT_EQ(sa["num_structures"], sb["num_structures"]) << "validation sums over both shards";
+}
+
+// Issue 16: the same with MACE (its fused kernels and symmetric
+// contraction under c10d gradient averaging), 10 steps.
+TEST_F(NprocTest, MaceTwoWorkersWithBatchBMatchOneWorkerWithBatch2B) {
+  auto mace = [&](const std::string& run, int batch) {
+    auto a = args(run, batch, 10);
+    a.erase(std::remove_if(a.begin(), a.end(), [](const std::string& x) { return x.rfind("model.schnet.", 0) == 0; }),
+            a.end());
+    for (const char* k : {"model.type=mace", "model.mace.hidden_irreps=4x0e+4x1o", "model.mace.max_ell=2",
+                          "model.mace.radial_mlp=[8]", "model.mace.num_bessel=4"})
+      a.push_back(k);
+    return a;
+  };
+  Result one = run(dir_, "", mace("mace_one", 4));
+  ASSERT_EQ(one.rc, 0) << one.out << one.err;
+  auto two_args = mace("mace_two", 2);
+  two_args.insert(two_args.begin() + 1, {"--nproc", "2"});
+  Result two = run(dir_, "", two_args);
+  ASSERT_EQ(two.rc, 0) << two.out << two.err;
+  const auto [max_diff, max_moved] = weight_difference(dir_ / "mace_one", dir_ / "mace_two");
+  EXPECT_GT(max_moved, 0.0);
+  EXPECT_LT(max_diff, 1e-9) << "MACE: 2 workers x batch 2 vs 1 worker x batch 4, float64";
 }
 
 TEST_F(NprocTest, AKilledWorkerMakesTheOtherExitNonZeroWithinTheTimeout) {

@@ -7,6 +7,7 @@
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/losses/loss.h"
+#include "crucible/models/mace/mace.h"
 #include "crucible/models/schnet.h"
 #include "crucible/precision/precision.h"
 #include "crucible/training/mixed_precision_hook.h"
@@ -24,20 +25,22 @@
 namespace crucible {
 namespace {
 
-/// Wraps SchNet and records what it sees: the (strained) positions' dtype,
-/// the edge vectors' dtype, whether autocast is on, and what a matmul gives.
+/// Wraps a model (SchNet or MACE) and records what it sees: the (strained)
+/// positions' dtype, the edge vectors' dtype, whether autocast is on, and
+/// what a matmul of one of its 2-D weights gives.
 class Probe : public EnergyModel {
  public:
-  explicit Probe(SchNet inner) : inner_(std::move(inner)) {}
+  explicit Probe(SchNet inner) : inner_(inner.ptr()), weight_("out1.weight") {}
+  Probe(std::shared_ptr<EnergyModel> inner, std::string weight) : inner_(std::move(inner)), weight_(std::move(weight)) {}
   at::Tensor energy(const Batch& batch) override {
     positions = batch.positions.scalar_type();
     edges = edge_vectors(batch).scalar_type();
     autocast = at::autocast::is_cpu_enabled();
-    const at::Tensor w = inner_->named_parameters()["out1.weight"];
+    const at::Tensor w = inner_->module().named_parameters()[weight_];
     layer = at::matmul(w, w.t()).scalar_type();
     return inner_->energy(batch);
   }
-  torch::nn::Module& module() override { return *inner_; }
+  torch::nn::Module& module() override { return inner_->module(); }
   double cutoff() const override { return inner_->cutoff(); }
   std::string name() const override { return "probe"; }
 
@@ -45,7 +48,8 @@ class Probe : public EnergyModel {
   bool autocast = false;
 
  private:
-  SchNet inner_;
+  std::shared_ptr<EnergyModel> inner_;
+  std::string weight_;
 };
 
 const std::vector<Structure>& tial() {
@@ -176,6 +180,48 @@ TEST(ForcePathDtypes, Bf16MixedForcesAgreeWithFloat32) {
   EXPECT_LT(erel, 0.01) << erel;
   std::cout << "[ info ] bf16-mixed vs 32-true: forces rel. norm error " << rel
             << ", energy rel. error " << erel << "\n";
+}
+
+/// A small MACE on the same TiAl frames (issue 16, deliverable 4).
+std::shared_ptr<EnergyModel> make_mace() {
+  at::manual_seed(12);
+  MaceOptions o;
+  o.hidden_irreps = "8x0e+8x1o";
+  o.max_ell = 2;
+  o.radial_mlp = {16, 16};
+  o.cutoff = 4.0;
+  o.avg_num_neighbors = 20.0;
+  o.atomic_numbers = {13, 22};
+  auto m = std::make_shared<MaceImpl>(o);
+  m->set_energy_normalization(fit_reference_energies(tial()).to(at::kFloat), 1.0, 0.0);
+  return m;
+}
+
+TEST(ForcePathDtypes, MaceKeepsGeometryAndDerivativesInFloat32InEveryMode) {
+  struct Case {
+    std::string mode;
+    at::ScalarType geom, layer;
+    bool autocast;
+  };
+  const std::vector<Case> cases = {
+      {"64-true", at::kDouble, at::kDouble, false},
+      {"32-true", at::kFloat, at::kFloat, false},
+      {"bf16-mixed", at::kFloat, at::kBFloat16, true},
+      {"16-mixed", at::kFloat, autocast_supported(at::kCPU, at::kHalf) ? at::kHalf : at::kFloat,
+       autocast_supported(at::kCPU, at::kHalf)},
+      {"bf16-true", at::kFloat, at::kBFloat16, false},
+  };
+  for (const auto& c : cases) {
+    Probe probe(make_mace(), "layer0_radial_1");
+    Result r = run_mode(c.mode, probe);
+    expect_force_safe(c.mode, r, probe, c.geom, c.layer, c.autocast);
+  }
+  // bf16-mixed forces stay close to 32-true's.
+  Probe p32(make_mace(), "layer0_radial_1"), pbf(make_mace(), "layer0_radial_1");
+  Result r32 = run_mode("32-true", p32), rbf = run_mode("bf16-mixed", pbf);
+  const double rel = (rbf.forces - r32.forces).norm().item<double>() / r32.forces.norm().item<double>();
+  EXPECT_LT(rel, 0.05) << rel;
+  std::cout << "[ info ] MACE bf16-mixed vs 32-true: forces rel. norm error " << rel << "\n";
 }
 
 }  // namespace

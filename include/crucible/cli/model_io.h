@@ -2,7 +2,9 @@
 // Saving and loading a trained model: <run_dir>/model.pt + <run_dir>/model.json.
 
 #include "crucible/config/config.h"
-#include "crucible/models/schnet.h"
+#include "crucible/models/energy_model.h"
+
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <map>
@@ -13,8 +15,10 @@ namespace crucible {
 
 /// What model.json records besides the weights.
 struct ModelMetadata {
-  std::string model_type = "schnet";  ///< architecture name.
-  SchNetOptions options;              ///< hyperparameters (cutoff in Å).
+  std::string model_type = "schnet";  ///< a registered model type (crucible/models/registry.h).
+  /// The factory's to_json of the model (cutoff in Å); filled by save_model
+  /// when empty.
+  nlohmann::json hyperparameters;
   std::string dtype = "float32";      ///< "float32" or "float64": dtype of model.pt.
   std::vector<int64_t> atomic_numbers;  ///< elements seen in training, ascending Z.
   std::map<int64_t, double> e0;       ///< reference energy per element, eV.
@@ -26,15 +30,16 @@ struct ModelMetadata {
 
 /// Writes `<run_dir>/model.pt` (torch::save of the module's parameters and
 /// buffers, on CPU, in the model's dtype) and `<run_dir>/model.json`
-/// (format "crucible-model" version 1: model_type, hyperparameters, dtype,
+/// (format "crucible-model" version 1: model_type, hyperparameters (the
+/// registered factory's to_json), dtype,
 /// cutoff_angstrom, elements, e0_eV, scale_eV, shift_eV_per_atom, units of
 /// outputs, data settings). Both via a temporary file + rename.
 /// The model is moved to CPU. @throws DataError if a file cannot be written.
-void save_model(const std::string& run_dir, SchNet& model, const ModelMetadata& meta);
+void save_model(const std::string& run_dir, EnergyModel& model, const ModelMetadata& meta);
 
 /// A model loaded from a run directory.
 struct LoadedModel {
-  SchNet model{nullptr};  ///< on CPU, in `meta.dtype`, eval mode.
+  std::shared_ptr<EnergyModel> model;  ///< on CPU, in `meta.dtype`, eval mode.
   ModelMetadata meta;
 };
 

@@ -21,17 +21,15 @@ int64_t available_memory_bytes();
 ///   of this machine), got 100000".
 void check_thread_count(int64_t num_threads);
 
-/// SchNet parameter count from the model keys (Schütt et al., J. Chem.
-/// Phys. 148, 241722 (2018): embedding 119·H; per interaction a filter
-/// network G·F + F² + 2F, in/out projections 2·H·F + 2H, a dense layer
-/// H² + H; the readout H²/2 + H): in training each parameter costs 16
-/// bytes in float32 (weight, gradient, two Adam moments). Exact to the
-/// leading terms.
-double schnet_parameter_estimate(const ModelConfig& model);
+/// Parameter count of the model.type model from its keys alone (the
+/// registered factory's parameter_estimate; SchNet exact to the leading
+/// terms, MACE an upper estimate); in training each parameter costs 16
+/// bytes in float32 (weight, gradient, two Adam moments).
+/// @throws ConfigError for keys the estimate cannot read.
+double model_parameter_estimate(const ModelConfig& model);
 
-/// @throws ConfigError naming model.hidden_channels, model.num_filters,
-///   model.num_interactions and model.num_gaussians when the estimated
-///   training state (schnet_parameter_estimate × 16 bytes) exceeds
+/// @throws ConfigError naming the model.<type>.* keys when the estimated
+///   training state (model_parameter_estimate × 16 bytes) exceeds
 ///   `available_bytes`, before anything is allocated.
 void check_model_size(const ModelConfig& model, int64_t available_bytes);
 

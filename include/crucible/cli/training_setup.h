@@ -7,7 +7,7 @@
 #include "crucible/config/config.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
-#include "crucible/models/schnet.h"
+#include "crucible/models/energy_model.h"
 #include "crucible/training/checkpointing.h"
 #include "crucible/training/ema.h"
 #include "crucible/training/spike_skipping.h"
@@ -53,8 +53,9 @@ struct TrainingSetup {
   std::vector<std::string> warnings;    ///< e.g. dropped loss terms, unseen elements.
   at::Tensor e0;                        ///< [119] float64 eV, index = Z (MACE E0s).
   double scale = 1, shift = 0;          ///< eV, eV/atom (fit_energy_scale_shift).
-  SchNetOptions model_options;
-  SchNet model{nullptr};                ///< on `dtype`, normalization set, seeded by training.seed.
+  /// The model.type architecture (crucible/models/registry.h), on `dtype`,
+  /// normalization set, seeded by training.seed.
+  std::shared_ptr<EnergyModel> model;
   int64_t num_parameters = 0;
   std::vector<std::string> loss_terms;  ///< "energy", "forces", "stress" (those used).
   std::string loss_text;                ///< human-readable loss, for the header.
@@ -67,7 +68,7 @@ struct TrainingSetup {
 
 /// Builds a run from `config`: validates it, reads and splits the data
 /// (resolve_data_path), fits E0 / scale / shift on the training split,
-/// builds SchNet (seeded with training.seed), the loss (terms with a weight
+/// builds the model.type model (seeded with training.seed), the loss (terms with a weight
 /// > 0 and labels), the strategy with its optimizer/scheduler and the
 /// configured update hooks (accumulation, clipping, spike skipping, EMA),
 /// then registers `hooks` in order. Writes nothing. Warnings go to

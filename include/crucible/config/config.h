@@ -6,6 +6,8 @@
 // holds the one schema table that drives loading, overrides, dumping and the
 // key documentation (docs/config.md mirrors it).
 
+#include "crucible/models/model_params.h"
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -15,7 +17,6 @@
 
 namespace crucible {
 
-struct SchNetOptions;
 struct SchedulerConfig;
 struct OptimizerConfig;
 class LossFunction;
@@ -67,14 +68,14 @@ struct DataConfig {
   UnitSetting stress_unit{"eV/Å^3", 1.0}; ///< file stress unit.
 };
 
-/// `model` section: architecture hyperparameters.
+/// `model` section: the architecture and its hyperparameters. The config
+/// layer knows only `model.type` and `model.cutoff`; each registered model
+/// (crucible/models/registry.h) declares its own model.<type>.* keys, whose
+/// values live in `params` ("mace.hidden_irreps" → "32x0e+32x1o").
 struct ModelConfig {
-  std::string type = "schnet";   ///< model family; only "schnet" for now.
-  int64_t hidden_channels = 32;  ///< atom feature size, >= 2.
-  int64_t num_filters = 32;      ///< continuous-filter size, >= 1.
-  int64_t num_interactions = 2;  ///< interaction blocks, >= 1.
-  int64_t num_gaussians = 20;    ///< radial basis size, >= 2.
+  std::string type = "schnet";   ///< a registered model type (schnet, mace).
   double cutoff = 5.0;           ///< neighbor cutoff, Å, > 0.
+  ModelParams params = default_model_params();  ///< every model's keys.
 };
 
 /// `training.optimizer` section.
@@ -234,10 +235,6 @@ std::vector<std::string> recipe_differences(const Config& saved, const Config& n
 
 /// The defaults (what an empty config file gives).
 Config default_config();
-
-/// SchNet hyperparameters of the `model` section (type must be "schnet";
-/// ranges are checked by validate_config and SchNet's constructor).
-SchNetOptions schnet_options(const ModelConfig& model);
 
 /// Loss term `name` ("energy", "forces" or "stress") of the
 /// `training.loss` section: its kind (mse/mae/huber with huber_delta),

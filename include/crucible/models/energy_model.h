@@ -37,6 +37,12 @@ class EnergyModel {
   /// energy E0), ascending; empty = not known / any. Checkpoint validators
   /// compare it (same_models_validator). Never throws.
   virtual std::vector<int64_t> elements() const { return {}; }
+  /// Sets the energy normalization fitted on the training data: E0 [119]
+  /// eV (index Z), scale (eV) and shift (eV/atom), as
+  /// E = Σ_i (E0[Z_i] + scale · y_i + shift). @throws std::invalid_argument
+  /// on a wrong shape or non-finite values, std::logic_error if the model
+  /// has no such normalization (the default).
+  virtual void set_energy_normalization(const at::Tensor& e0, double scale, double shift);
 };
 
 /// RAII scope in which autocast is off on every device (CPU, CUDA, XPU),

@@ -2,6 +2,8 @@
 // SchNet (Schütt et al., J. Chem. Phys. 148, 241722 (2018)).
 
 #include "crucible/models/energy_model.h"
+#include "crucible/models/energy_normalization.h"
+#include "crucible/models/model_params.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/cloneable.h>
@@ -70,7 +72,7 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
   /// Sets E0 ([max_atomic_number+1] eV, index = Z; copied into the buffer's
   /// dtype/device), scale (eV) and shift (eV/atom).
   /// @throws std::invalid_argument on a wrong e0 shape or non-finite scale/shift.
-  void set_energy_normalization(const at::Tensor& e0, double scale, double shift);
+  void set_energy_normalization(const at::Tensor& e0, double scale, double shift) override;
   const SchNetOptions& options() const { return options_; }
 
  private:
@@ -82,24 +84,8 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
 };
 TORCH_MODULE(SchNet);
 
-/// Least-squares per-element reference energies E0: minimizes
-/// Σ_s (E_s - Σ_Z n_{s,Z} E0_Z)² over structures with an energy (MACE's
-/// `compute_average_E0s`). Only elements present get a column of the count
-/// matrix [S, P]; it is solved with LAPACK gelsd (SVD), so a rank-deficient
-/// system (e.g. every structure with the same composition ratio) gets the
-/// minimum-norm solution, as numpy.linalg.lstsq. Returns [max_z+1] float64
-/// (eV), zero for absent elements. @throws std::invalid_argument if no
-/// structure has an energy, max_z < 1, or an atomic number is outside 0..max_z.
-at::Tensor fit_reference_energies(const std::vector<Structure>& structures, int64_t max_z = 118);
-
-/// Energy normalization from data: shift = mean per-atom residual energy
-/// (E - ΣE0)/N and scale = RMS of force components (MACE's
-/// "rms_forces_scaling"; falls back to the std of the per-atom residual
-/// energy, then 1, if there are no forces). Returns {scale, shift} in eV.
-/// shift is 0 when no structure has an energy; a zero or non-finite scale
-/// falls back as above. e0: [>= max Z + 1] (any float dtype, index = Z).
-/// @throws std::invalid_argument if an atomic number is outside e0.
-std::pair<double, double> fit_energy_scale_shift(const std::vector<Structure>& structures,
-                                                 const at::Tensor& e0);
+/// SchNet options from the model.schnet.* values (ModelConfig::params) and
+/// the cutoff (Å). @throws std::invalid_argument if a key is missing.
+SchNetOptions schnet_options(const ModelParams& params, double cutoff);
 
 }  // namespace crucible

@@ -1,0 +1,36 @@
+#pragma once
+// Energy normalization from training data, for every model: per-element
+// reference energies E0 and the scale / shift of the learned part (MACE's
+// E0s and ScaleShift defaults).
+
+#include "crucible/data/structure.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace crucible {
+
+/// Least-squares per-element reference energies E0: minimizes
+/// Σ_s (E_s - Σ_Z n_{s,Z} E0_Z)² over structures with an energy (MACE's
+/// `compute_average_E0s`). Only elements present get a column of the count
+/// matrix [S, P]; it is solved with LAPACK gelsd (SVD), so a rank-deficient
+/// system (e.g. every structure with the same composition ratio) gets the
+/// minimum-norm solution, as numpy.linalg.lstsq. Returns [max_z+1] float64
+/// (eV), zero for absent elements. @throws std::invalid_argument if no
+/// structure has an energy, max_z < 1, or an atomic number is outside 0..max_z.
+at::Tensor fit_reference_energies(const std::vector<Structure>& structures, int64_t max_z = 118);
+
+/// Energy normalization from data: shift = mean per-atom residual energy
+/// (E - ΣE0)/N and scale = RMS of force components (MACE's
+/// "rms_forces_scaling"; falls back to the std of the per-atom residual
+/// energy, then 1, if there are no forces). Returns {scale, shift} in eV.
+/// shift is 0 when no structure has an energy; a zero or non-finite scale
+/// falls back as above. e0: [>= max Z + 1] (any float dtype, index = Z).
+/// @throws std::invalid_argument if an atomic number is outside e0.
+std::pair<double, double> fit_energy_scale_shift(const std::vector<Structure>& structures,
+                                                 const at::Tensor& e0);
+
+}  // namespace crucible

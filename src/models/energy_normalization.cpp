@@ -1,0 +1,105 @@
+// E0 and scale / shift from training data. See
+// include/crucible/models/energy_normalization.h.
+
+#include "crucible/models/energy_normalization.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace crucible {
+
+at::Tensor fit_reference_energies(const std::vector<Structure>& structures, int64_t max_z) {
+  if (max_z < 1) throw std::invalid_argument("fit_reference_energies: max_z must be >= 1");
+  std::vector<const Structure*> labelled;
+  for (const auto& s : structures)
+    if (s.energy.has_value()) labelled.push_back(&s);
+  if (labelled.empty()) {
+    throw std::invalid_argument("fit_reference_energies: no structure has an energy");
+  }
+
+  // Per-structure element counts n_{s,Z}.
+  const int64_t S = static_cast<int64_t>(labelled.size());
+  at::Tensor counts = at::zeros({S, max_z + 1}, at::kDouble);
+  at::Tensor energies = at::zeros({S, 1}, at::kDouble);
+  auto c = counts.accessor<double, 2>();
+  auto e = energies.accessor<double, 2>();
+  for (int64_t s = 0; s < S; ++s) {
+    const at::Tensor z = labelled[s]->atomic_numbers.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* zp = z.data_ptr<int64_t>();
+    for (int64_t a = 0; a < z.numel(); ++a) {
+      if (zp[a] < 0 || zp[a] > max_z) {
+        throw std::invalid_argument("fit_reference_energies: atomic number " + std::to_string(zp[a]) +
+                                    " outside 0.." + std::to_string(max_z) + " in " + labelled[s]->source);
+      }
+      c[s][zp[a]] += 1.0;
+    }
+    e[s][0] = *labelled[s]->energy;
+  }
+
+  // Only the elements present: the count matrix [S, P].
+  const at::Tensor present = counts.sum(0).gt(0).nonzero().squeeze(1);  // [P] int64
+  at::Tensor result = at::zeros({max_z + 1}, at::kDouble);
+  if (present.numel() == 0) return result;
+  const at::Tensor A = counts.index_select(1, present);
+  // gelsd: SVD-based, minimum-norm solution when rank deficient (as numpy's
+  // lstsq in MACE's compute_average_E0s).
+  const at::Tensor solution = std::get<0>(at::linalg_lstsq(A, energies, c10::nullopt, "gelsd"));
+  result.index_copy_(0, present, solution.squeeze(1));
+  return result;
+}
+
+std::pair<double, double> fit_energy_scale_shift(const std::vector<Structure>& structures,
+                                                 const at::Tensor& e0) {
+  const at::Tensor e0d = e0.detach().to(at::kCPU, at::kDouble).contiguous();
+  const int64_t nz = e0d.numel();
+  const double* e0p = e0d.data_ptr<double>();
+
+  std::vector<double> residuals;  // (E - Σ E0) / N per structure with an energy
+  double sum_f2 = 0.0;
+  int64_t n_f = 0;
+  for (const auto& s : structures) {
+    const int64_t n = s.num_atoms();
+    if (s.energy.has_value() && n > 0) {
+      const at::Tensor z = s.atomic_numbers.to(at::kCPU, at::kLong).contiguous();
+      const int64_t* zp = z.data_ptr<int64_t>();
+      double ref = 0.0;
+      for (int64_t a = 0; a < n; ++a) {
+        if (zp[a] < 0 || zp[a] >= nz) {
+          throw std::invalid_argument("fit_energy_scale_shift: atomic number " + std::to_string(zp[a]) +
+                                      " outside the e0 table in " + s.source);
+        }
+        ref += e0p[zp[a]];
+      }
+      residuals.push_back((*s.energy - ref) / static_cast<double>(n));
+    }
+    if (s.forces.has_value() && s.forces->numel() > 0) {
+      sum_f2 += s.forces->to(at::kDouble).pow(2).sum().item<double>();
+      n_f += s.forces->numel();
+    }
+  }
+
+  double shift = 0.0;
+  for (double r : residuals) shift += r;
+  if (!residuals.empty()) shift /= static_cast<double>(residuals.size());
+
+  double scale = 0.0;
+  if (n_f > 0) {
+    scale = std::sqrt(sum_f2 / static_cast<double>(n_f));
+  }
+  if (!(scale > 0.0) || !std::isfinite(scale)) {
+    // Fallback: (population) std of the per-atom residual energies.
+    scale = 0.0;
+    if (residuals.size() > 1) {
+      double var = 0.0;
+      for (double r : residuals) var += (r - shift) * (r - shift);
+      scale = std::sqrt(var / static_cast<double>(residuals.size()));
+    }
+  }
+  if (!(scale > 0.0) || !std::isfinite(scale)) scale = 1.0;
+  return {scale, shift};
+}
+
+}  // namespace crucible

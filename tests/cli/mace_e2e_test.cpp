@@ -1,0 +1,126 @@
+// Issue 16 acceptance through the real binary with model.type=mace: train,
+// SIGTERM and resume bit for bit (EMA on), evaluate equal to the final
+// validation, and every precision mode.
+
+#include "crucible/cli/model_io.h"
+
+#include "cli/e2e_helpers.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdlib>
+
+namespace crucible {
+namespace {
+
+using namespace e2e;
+
+class MaceE2e : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("crucible_mace_e2e_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const auto frames = frames_of(std::string(CRUCIBLE_SOURCE_DIR) + "/data/alloy_TiAl/TiAl_tutorial.xyz");
+    ASSERT_GE(frames.size(), 14u);
+    std::string train, valid;
+    for (size_t i = 0; i < 10; ++i) train += frames[i];
+    for (size_t i = 10; i < 14; ++i) valid += frames[i];
+    write_text(dir_ / "tiny.xyz", train);
+    write_text(dir_ / "tiny_valid.xyz", valid);
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  /// A small MACE (every part present: l = 2 harmonics, correlation 3, two
+  /// interactions) on 10 TiAl frames.
+  static std::vector<std::string> args(const std::string& run) {
+    return {"train",
+            "data.train_file=" + (dir_ / "tiny.xyz").string(),
+            "data.valid_file=" + (dir_ / "tiny_valid.xyz").string(),
+            "training.num_epochs=3",
+            "training.batch_size=4",
+            "model.type=mace",
+            "model.cutoff=4.5",
+            "model.mace.hidden_irreps=4x0e+4x1o",
+            "model.mace.max_ell=2",
+            "model.mace.num_bessel=4",
+            "model.mace.radial_mlp=[8, 8]",
+            "model.mace.mlp_irreps=4x0e",
+            "output.run_dir=" + run};
+  }
+  static fs::path dir_;
+};
+
+fs::path MaceE2e::dir_;
+
+TEST_F(MaceE2e, TrainSigtermResumeAndEvaluateWithEma) {
+  const fs::path full = dir_ / "full";
+  auto a = args(full.string());
+  a.push_back("training.ema.enabled=true");
+  Result r = run_crucible(dir_, a);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("model      mace: hidden_irreps 4x0e+4x1o, max_ell 2, correlation 3"), std::string::npos)
+      << r.out;
+  const auto meta = nlohmann::json::parse(read_text(full / "model.json"));
+  EXPECT_EQ(meta.at("model_type"), "mace");
+  EXPECT_EQ(meta.at("hyperparameters").at("atomic_numbers"), nlohmann::json({13, 22}));
+  EXPECT_GT(meta.at("hyperparameters").at("avg_num_neighbors").get<double>(), 5.0);
+  const auto summary = nlohmann::json::parse(read_text(full / "summary.json"));
+  EXPECT_EQ(summary.at("model_weights"), "ema");
+
+  const fs::path cut = dir_ / "cut";
+  a = args(cut.string());
+  a.push_back("training.ema.enabled=true");
+  ::setenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH", "4", 1);
+  r = run_crucible(dir_, a);
+  ::unsetenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH");
+  ASSERT_EQ(r.rc, 143) << r.out << r.err;
+  r = run_crucible(dir_, {"train", "--resume", cut.string()});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const auto va = summary.at("validation");
+  const auto vb = nlohmann::json::parse(read_text(cut / "summary.json")).at("validation");
+  for (const char* k : {"energy_mae", "forces_mae", "stress_mae"}) EXPECT_EQ(va.at(k), vb.at(k)) << k;
+  // The saved weights are bit-identical too.
+  const LoadedModel ma = load_model(full.string()), mb = load_model(cut.string());
+  auto pa = ma.model->module().named_parameters();
+  auto pb = mb.model->module().named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (const auto& p : pa) EXPECT_TRUE(at::equal(p.value(), pb[p.key()])) << p.key();
+
+  // evaluate on the validation file reproduces the final validation metrics.
+  const fs::path out_json = dir_ / "eval.json";
+  r = run_crucible(dir_, {"evaluate", "--model", full.string(), "--data", (dir_ / "tiny_valid.xyz").string(),
+                          "--json", out_json.string()});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const auto ev = nlohmann::json::parse(read_text(out_json));
+  EXPECT_NEAR(ev.at("forces_mae").get<double>(), va.at("forces_mae").get<double>(),
+              1e-6 * va.at("forces_mae").get<double>());
+}
+
+TEST_F(MaceE2e, EveryPrecisionModeTrains) {
+  // The modes `crucible train` offers (bf16-true and 16-true are C++ API only:
+  // tests/precision/test_force_path_dtypes.cpp).
+  for (const char* precision : {"64-true", "32-true", "bf16-mixed", "16-mixed"}) {
+    SCOPED_TRACE(precision);
+    const fs::path run = dir_ / (std::string("prec_") + precision);
+    auto a = args(run.string());
+    a.push_back("training.num_epochs=null");
+    a.push_back("training.num_steps=2");
+    a.push_back(std::string("training.precision=") + precision);
+    const Result r = run_crucible(dir_, a);
+    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    const auto s = nlohmann::json::parse(read_text(run / "summary.json"));
+    EXPECT_EQ(s.at("precision"), precision);
+    const double f = s.at("validation").at("forces_mae").get<double>();
+    EXPECT_TRUE(std::isfinite(f) && f > 0) << f;
+    const auto meta = nlohmann::json::parse(read_text(run / "model.json"));
+    EXPECT_EQ(meta.at("dtype"), std::string(precision) == "64-true" ? "float64" : "float32");
+  }
+}
+
+}  // namespace
+}  // namespace crucible
