@@ -46,11 +46,29 @@ def ase_neighbor_list_ms(data, count=20):
     return 1000.0 * statistics.median(times), len(frames[0])
 
 
+def cpu_model():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def cpu_flags():
+    flags = set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return " ".join(shown) if shown else "none of avx2/avx512f/avx512_bf16/amx_bf16"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--work", default="/tmp/crucible_bench")
+    ap.add_argument("--mace-epochs", type=int, default=4, help="MACE epochs on the Cu EMT set (0 = skip MACE)")
     a = ap.parse_args()
     bench = os.path.join(a.build, "bench")
     os.makedirs(a.work, exist_ok=True)
@@ -72,12 +90,30 @@ def main():
                                      "--precision", "32-true", "--threads", "2"],
                                     dict(env, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="2")), "crucible"))
 
+    # Issue 16: MACE (reference hyperparameters) between two runs of the Python
+    # reference SchNet, the figure it is measured against. The reference runs
+    # as users have it (Debian's OpenBLAS, whose autodetection may fall back to
+    # generic kernels on new CPUs) and again with the kernels Crucible picks.
+    mace = None
+    if a.mace_epochs > 0:
+        ref_cmd = [sys.executable, os.path.join(HERE, "reference", "reference_schnet.py"), data, "--steps", str(a.steps)]
+        ref_a = fields(last_line(run(ref_cmd, env), "reference"))
+        ours_mace = fields(last_line(run([os.path.join(bench, "bench_mace_training"), data, "--epochs",
+                                          str(a.mace_epochs)], env), "crucible_mace"))
+        ref_b = fields(last_line(run(ref_cmd, env), "reference"))
+        core = ours_mace.get("blas", "")
+        ref_tuned = None
+        if core and core != "not OpenBLAS":
+            ref_tuned = fields(last_line(run(ref_cmd, dict(env, OPENBLAS_CORETYPE=core)), "reference"))
+        mace = (ours_mace, [ref_a, ref_b], ref_tuned)
+
     nl_ase_ms, nl_atoms = ase_neighbor_list_ms(data)
     scaling = [fields(l) for l in run([os.path.join(bench, "bench_size_scaling")], env).splitlines() if l.startswith("atoms=")]
     hooks = fields(last_line(run([os.path.join(bench, "bench_hook_dispatch")], env), "hooks="))
 
     print(f"Crucible benchmarks ({time.strftime('%Y-%m-%d')}, {os.uname().nodename}, 1 thread, "
           f"{a.steps} training steps, 32-atom fcc Cu EMT, 500 frames, first 50 for validation)")
+    print(f"CPU: {cpu_model()}; flags: {cpu_flags()}")
     print()
     print("training: SchNet 64 features, 3 interactions, 20 Gaussians, 5 Å cutoff, batch 8, Adam 1e-3")
     print(f"  {'precision':<11} {'ours str/s':>10} {'atoms/s':>9} {'reference':>10} {'ratio':>6}   "
@@ -94,6 +130,22 @@ def main():
     print(f"  peak resident memory {float(ours32['peak_rss_mib']):.0f} MiB; resident growth from step 50 to "
           f"{ours32['steps']}: {int(ours32['rss_growth_kib'])} KiB")
     print()
+    if mace:
+        ours_mace, refs, ref_tuned = mace
+        ref_sps = statistics.mean(float(r["structures_per_s"]) for r in refs)
+        sps = float(ours_mace["structures_per_s"])
+        print(f"MACE {ours_mace['hidden']}, l<=3, correlation 3, 2 interactions, 8 Bessel, 5 Å, batch 8, AMSGrad 0.01, "
+              f"E:F = 1:100 ({ours_mace['parameters']} parameters, BLAS kernels {ours_mace.get('blas', '?')})")
+        print(f"  training step {sps:.1f} structures/s; reference SchNet (reference_schnet.py, before and after) "
+              f"{ref_sps:.1f} structures/s; MACE / reference SchNet = {sps / ref_sps:.3f} (target >= 0.25)")
+        if ref_tuned:
+            t = float(ref_tuned["structures_per_s"])
+            print(f"  reference SchNet with OPENBLAS_CORETYPE={ours_mace.get('blas')}: {t:.1f} structures/s "
+                  f"(MACE / that = {sps / t:.3f})")
+        print(f"  best validation force MAE within {ours_mace['epochs']} epochs: "
+              f"{float(ours_mace['best_forces_mae_mev_per_a']):.2f} meV/Å at epoch {ours_mace['best_epoch']} "
+              f"(target <= 10); energy {float(ours_mace['best_energy_mae_mev_per_atom']):.1f} meV/atom")
+        print()
     ours_nl = float(scaling[0]["nl_us_per_atom"]) * int(scaling[0]["atoms"]) / 1000.0
     print(f"neighbor list, {nl_atoms}-atom cells, 5 Å: ours {ours_nl:.3f} ms, ASE {nl_ase_ms:.2f} ms "
           f"per structure ({nl_ase_ms / ours_nl:.0f}x)")

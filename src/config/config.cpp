@@ -968,7 +968,9 @@ void set_value(Config& config, const Key& key, const YAML::Node& node, const Sou
         if (!is_plain_scalar(item)) type_error(key, expected, node, src);
         const auto v = parse_int(item.Scalar());
         if (!v) type_error(key, expected, node, src);
-        if (auto e = check_range(key, static_cast<double>(*v)); !e.empty()) fail(e);
+        if (!check_range(key, static_cast<double>(*v)).empty()) {
+          fail(key.path + " entries must be integers " + describe_range(key) + ", got " + std::to_string(*v));
+        }
         out.push_back(*v);
       }
       if (out.size() > 64) fail(key.path + " must have at most 64 entries, got " + std::to_string(out.size()));

@@ -442,6 +442,46 @@ TEST(Config, EthanolConfigLoads) {
   EXPECT_NEAR(c.data.forces_unit.factor, 0.0433641043, 1e-10);
 }
 
+// Issue 16: the MACE recipe with the reference code's values, and the
+// model registry's keys in the config layer.
+TEST(Config, MaceConfigLoadsWithTheReferenceHyperparameters) {
+  const Config c = load_config_file(std::string(CRUCIBLE_SOURCE_DIR) + "/configs/mace.yaml");
+  EXPECT_NO_THROW(validate_config(c));
+  EXPECT_EQ(c.model.type, "mace");
+  EXPECT_EQ(std::get<std::string>(c.model.params.at("mace.hidden_irreps")), "32x0e+32x1o");
+  EXPECT_EQ(std::get<int64_t>(c.model.params.at("mace.correlation")), 3);
+  EXPECT_EQ(std::get<std::vector<int64_t>>(c.model.params.at("mace.radial_mlp")), (std::vector<int64_t>{64, 64, 64}));
+  EXPECT_TRUE(c.training.optimizer.amsgrad);
+  EXPECT_DOUBLE_EQ(c.training.loss.forces_weight, 100.0);
+  // Lists: YAML flow sequences on the command line, ranges per entry.
+  Config d = c;
+  apply_overrides(d, {"model.mace.radial_mlp=[16, 8]"});
+  EXPECT_EQ(std::get<std::vector<int64_t>>(d.model.params.at("mace.radial_mlp")), (std::vector<int64_t>{16, 8}));
+  try {
+    apply_overrides(d, {"model.mace.radial_mlp=[16, 0]"});
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.mace.radial_mlp entries must be integers >= 1, got 0"), std::string::npos) << e.what();
+  }
+  try {
+    apply_overrides(d, {"model.mace.radial_mlp=64"});
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.mace.radial_mlp must be a list of integers"), std::string::npos)
+        << e.what();
+  }
+  // An old flat SchNet key names its new place.
+  Config e = default_config();
+  try {
+    apply_overrides(e, {"model.num_filters=8"});
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("moved to model.schnet.num_filters"), std::string::npos) << err.what();
+  }
+  // The spec round trip keeps the list.
+  EXPECT_EQ(config_from_spec_json(config_to_spec_json(c), "test"), c);
+}
+
 TEST(Config, EveryKeyIsDocumented) {
   const std::string docs = read_text(std::string(CRUCIBLE_SOURCE_DIR) + "/docs/config.md");
   ASSERT_FALSE(docs.empty());
