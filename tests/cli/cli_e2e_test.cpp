@@ -40,16 +40,7 @@ class CliTest : public ::testing::Test {
     ASSERT_TRUE(fs::exists(CRUCIBLE_BINARY))
         << CRUCIBLE_BINARY << " does not exist: build the `crucible` target too";
     dir_ = fs::temp_directory_path() / ("crucible_cli_test_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    const auto frames =
-        frames_of(std::string(CRUCIBLE_SOURCE_DIR) + "/data/alloy_TiAl/TiAl_tutorial.xyz");
-    ASSERT_GE(frames.size(), 20u);
-    std::string train, valid;
-    for (size_t i = 0; i < 10; ++i) train += frames[i];
-    for (size_t i = 10; i < 14; ++i) valid += frames[i];
-    write_text(dir_ / "tiny.xyz", train);
-    write_text(dir_ / "tiny_valid.xyz", valid);
+    ASSERT_TRUE(make_tiny_tial_dir(dir_));
   }
   static void TearDownTestSuite() {
     std::error_code ec;

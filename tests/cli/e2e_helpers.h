@@ -73,4 +73,30 @@ inline void write_text(const fs::path& path, const std::string& text) {
   out << text;
 }
 
+/// A fresh temporary directory `<tmp>/<name>_<pid>` with tiny.xyz (TiAl
+/// frames 0-9 of the bundled file) and tiny_valid.xyz (frames 10-13).
+/// Returns false if the bundled file has fewer than 14 frames.
+inline bool make_tiny_tial_dir(const fs::path& dir) {
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto frames = frames_of(std::string(CRUCIBLE_SOURCE_DIR) + "/data/alloy_TiAl/TiAl_tutorial.xyz");
+  if (frames.size() < 14) return false;
+  std::string train, valid;
+  for (size_t i = 0; i < 10; ++i) train += frames[i];
+  for (size_t i = 10; i < 14; ++i) valid += frames[i];
+  write_text(dir / "tiny.xyz", train);
+  write_text(dir / "tiny_valid.xyz", valid);
+  return true;
+}
+
+/// Replaces the first `from` in `path` by `to`; false if `from` is absent.
+inline bool replace_in_file(const fs::path& path, const std::string& from, const std::string& to) {
+  std::string text = read_text(path);
+  const auto p = text.find(from);
+  if (p == std::string::npos) return false;
+  text.replace(p, from.size(), to);
+  write_text(path, text);
+  return true;
+}
+
 }  // namespace crucible::e2e

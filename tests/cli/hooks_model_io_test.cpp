@@ -11,6 +11,8 @@
 #include "crucible/training/gradient_clipping.h"
 #include "crucible/training/strategy.h"
 
+#include "cli/e2e_helpers.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -205,16 +207,7 @@ TEST(ModelIo, SaveLoadRoundTripGivesSameEnergies) {
   EXPECT_TRUE(at::allclose(before, after, 0, 0)) << before << after;
 
   // Hyperparameters that do not match the weights are a DataError.
-  {
-    std::ifstream in(dir / "model.json");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string text = ss.str();
-    const auto p = text.find("\"hidden_channels\": 8");
-    ASSERT_NE(p, std::string::npos);
-    text.replace(p, 20, "\"hidden_channels\": 9");
-    std::ofstream(dir / "model.json") << text;
-  }
+  ASSERT_TRUE(e2e::replace_in_file(dir / "model.json", "\"hidden_channels\": 8", "\"hidden_channels\": 9"));
   EXPECT_THROW(load_model(dir.string()), DataError);
   std::ofstream(dir / "model.json") << "{ not json";
   EXPECT_THROW(load_model(dir.string()), DataError);
@@ -256,16 +249,7 @@ TEST(ModelIo, MaceRoundTripThroughTheRegistry) {
   const at::Tensor after = loaded.model->energy(batch).detach();
   EXPECT_TRUE(at::allclose(before, after, 0, 0)) << before << after;
   // An unknown type names the registered ones.
-  {
-    std::ifstream in(dir / "model.json");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string text = ss.str();
-    const auto p = text.find("\"model_type\": \"mace\"");
-    ASSERT_NE(p, std::string::npos);
-    text.replace(p, 20, "\"model_type\": \"nequ\"");
-    std::ofstream(dir / "model.json") << text;
-  }
+  ASSERT_TRUE(e2e::replace_in_file(dir / "model.json", "\"model_type\": \"mace\"", "\"model_type\": \"nequ\""));
   try {
     load_model(dir.string());
     ADD_FAILURE() << "no error";

@@ -21,15 +21,7 @@ class MaceE2e : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("crucible_mace_e2e_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    const auto frames = frames_of(std::string(CRUCIBLE_SOURCE_DIR) + "/data/alloy_TiAl/TiAl_tutorial.xyz");
-    ASSERT_GE(frames.size(), 14u);
-    std::string train, valid;
-    for (size_t i = 0; i < 10; ++i) train += frames[i];
-    for (size_t i = 10; i < 14; ++i) valid += frames[i];
-    write_text(dir_ / "tiny.xyz", train);
-    write_text(dir_ / "tiny_valid.xyz", valid);
+    ASSERT_TRUE(make_tiny_tial_dir(dir_));
   }
   static void TearDownTestSuite() {
     std::error_code ec;

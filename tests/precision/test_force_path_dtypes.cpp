@@ -121,13 +121,16 @@ void expect_force_safe(const std::string& mode, const Result& r, const Probe& p,
   EXPECT_TRUE(std::isfinite(r.loss.item<double>())) << mode;
 }
 
-TEST(ForcePathDtypes, FullAndMixedModes) {
-  struct Case {
-    std::string mode;
-    at::ScalarType geom, layer;
-    bool autocast;
-  };
-  const std::vector<Case> cases = {
+/// A precision mode and the dtypes it must give.
+struct Case {
+  std::string mode;
+  at::ScalarType geom, layer;
+  bool autocast;
+};
+
+/// The full and mixed modes.
+std::vector<Case> full_and_mixed_cases() {
+  return {
       {"64-true", at::kDouble, at::kDouble, false},
       {"32-true", at::kFloat, at::kFloat, false},
       {"bf16-mixed", at::kFloat, at::kBFloat16, true},
@@ -135,7 +138,10 @@ TEST(ForcePathDtypes, FullAndMixedModes) {
       {"16-mixed", at::kFloat, autocast_supported(at::kCPU, at::kHalf) ? at::kHalf : at::kFloat,
        autocast_supported(at::kCPU, at::kHalf)},
   };
-  for (const auto& c : cases) {
+}
+
+TEST(ForcePathDtypes, FullAndMixedModes) {
+  for (const auto& c : full_and_mixed_cases()) {
     Probe probe(make_schnet());
     Result r = run_mode(c.mode, probe);
     expect_force_safe(c.mode, r, probe, c.geom, c.layer, c.autocast);
@@ -198,19 +204,8 @@ std::shared_ptr<EnergyModel> make_mace() {
 }
 
 TEST(ForcePathDtypes, MaceKeepsGeometryAndDerivativesInFloat32InEveryMode) {
-  struct Case {
-    std::string mode;
-    at::ScalarType geom, layer;
-    bool autocast;
-  };
-  const std::vector<Case> cases = {
-      {"64-true", at::kDouble, at::kDouble, false},
-      {"32-true", at::kFloat, at::kFloat, false},
-      {"bf16-mixed", at::kFloat, at::kBFloat16, true},
-      {"16-mixed", at::kFloat, autocast_supported(at::kCPU, at::kHalf) ? at::kHalf : at::kFloat,
-       autocast_supported(at::kCPU, at::kHalf)},
-      {"bf16-true", at::kFloat, at::kBFloat16, false},
-  };
+  std::vector<Case> cases = full_and_mixed_cases();
+  cases.push_back({"bf16-true", at::kFloat, at::kBFloat16, false});
   for (const auto& c : cases) {
     Probe probe(make_mace(), "layer0_radial_1");
     Result r = run_mode(c.mode, probe);
