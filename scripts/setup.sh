@@ -12,6 +12,7 @@ PACKAGES=(
   libssl-dev                 # OpenSSL libcrypto: SHA-256 of checkpoint files
   libgloo-dev                # Gloo headers for c10d ProcessGroupGloo (data-parallel training)
   python3 python3-ase python3-torch python3-numpy python3-scipy python3-sympy   # test oracles
+  pybind11-dev python3-dev   # the crucible Python module and its ASE calculator (issue 17)
   clang libclang-rt-14-dev llvm   # libFuzzer targets (scripts/fuzz.sh), llvm-symbolizer for sanitizer reports
 )
 

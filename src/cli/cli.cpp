@@ -116,6 +116,17 @@ int run(int argc, char** argv) {
   evaluate->add_option("--batch-size", eval.batch_size, "Structures per batch (default 32)");
   evaluate->add_option("--device", eval.device, "cpu, cuda or cuda:N (default cpu)");
   evaluate->add_option("--json", e_json, "Also write the metrics to this JSON file");
+  std::string e_write;
+  evaluate->add_option("--write", e_write,
+                       "Also write every structure with the predictions to this extxyz file "
+                       "(crucible_energy, crucible_stress, crucible_forces, crucible_energies; eV units)");
+
+  // info
+  std::string info_path;
+  CLI::App* info = app.add_subcommand(
+      "info", "Print a trained model's type, hyperparameters, parameter count, elements, E0s, cutoff, "
+              "precision and the recipe it was trained with.");
+  info->add_option("path", info_path, "Run directory, or model.pt with model.json beside it")->required();
 
   // config
   bool dump_default = false, markdown = false;
@@ -218,7 +229,12 @@ int run(int argc, char** argv) {
     add("forces_unit", e_forces_unit);
     add("stress_unit", e_stress_unit);
     if (!e_json.empty()) eval.json_path = e_json;
+    if (!e_write.empty()) eval.write_path = e_write;
     run_evaluation(eval, std::cout, std::cerr);
+    return 0;
+  }
+  if (info->parsed()) {
+    run_info(info_path, std::cout);
     return 0;
   }
   if (spec_dump->parsed()) {

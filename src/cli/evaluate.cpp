@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -25,7 +27,87 @@ std::string metric(double v, int64_t n, const char* unit, int precision = 2) {
   return fmt::format("{:.{}f} {}", v, precision, unit);
 }
 
+/// Every structure of `dataset` with the model's predictions, written to
+/// `path` through a temporary file and a rename.
+void write_predictions(EnergyModel& model, const AtomicDataset& dataset, at::Device device, const EvaluateOptions& eo,
+                       const std::string& path) {
+  std::vector<Structure> frames;
+  frames.reserve(static_cast<size_t>(dataset.size()));
+  for (int64_t start = 0; start < dataset.size(); start += eo.batch_size) {
+    std::vector<int64_t> idx;
+    for (int64_t k = start; k < std::min(dataset.size(), start + eo.batch_size); ++k) idx.push_back(k);
+    const Batch batch = dataset.collate(idx).to(device, eo.dtype);
+    ComputeOptions co;
+    co.forces = true;
+    co.stress = true;
+    const ModelOutputs out = compute_outputs(model, batch, co);
+    at::Tensor node;
+    {
+      at::NoGradGuard no_grad;
+      node = model.node_energies(batch).to(at::kCPU, at::kDouble);
+    }
+    const at::Tensor forces = out.forces.to(at::kCPU, at::kDouble);
+    const at::Tensor ptr = batch.ptr.to(at::kCPU);
+    for (size_t b = 0; b < idx.size(); ++b) {
+      Structure s = dataset.structure(idx[b]);
+      const int64_t lo = ptr[static_cast<int64_t>(b)].item<int64_t>(), hi = ptr[static_cast<int64_t>(b) + 1].item<int64_t>();
+      s.info["crucible_energy"] = fmt::format("{:.17g}", out.energy[static_cast<int64_t>(b)].item<double>());
+      if (s.periodic()) {
+        const at::Tensor st = out.stress[static_cast<int64_t>(b)].to(at::kCPU, at::kDouble).contiguous();
+        std::string text;
+        for (int64_t k = 0; k < 9; ++k) text += fmt::format("{}{:.17g}", k ? " " : "", st.data_ptr<double>()[k]);
+        s.info["crucible_stress"] = text;
+      }
+      s.arrays = {{"crucible_forces", forces.narrow(0, lo, hi - lo)}, {"crucible_energies", node.narrow(0, lo, hi - lo)}};
+      frames.push_back(std::move(s));
+    }
+  }
+  const std::string tmp = path + ".tmp";
+  write_extxyz(tmp, frames);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw DataError(path + ": --write file cannot be written (" + ec.message() + ")");
+}
+
 }  // namespace
+
+std::string model_directory(const std::string& path) {
+  const std::filesystem::path p(path);
+  if (std::filesystem::is_regular_file(p) && p.extension() == ".pt") return p.parent_path().string();
+  return path;
+}
+
+void run_info(const std::string& path, std::ostream& out) {
+  const std::string dir = model_directory(path);
+  LoadedModel loaded = load_model(dir);
+  const auto& m = loaded.meta;
+  int64_t params = 0;
+  for (const auto& p : loaded.model->module().parameters()) params += p.numel();
+  std::string elements, e0;
+  for (int64_t z : m.atomic_numbers) {
+    elements += (elements.empty() ? "" : " ") + chemical_symbol(z);
+    auto it = m.e0.find(z);
+    e0 += fmt::format("{}{} {:.6f}", e0.empty() ? "" : ", ", chemical_symbol(z), it == m.e0.end() ? 0.0 : it->second);
+  }
+  out << fmt::format("model           {}\n", dir);
+  out << fmt::format("type            {}\n", m.model_type);
+  out << fmt::format("hyperparameters {}\n", m.hyperparameters.dump());
+  out << fmt::format("parameters      {}\n", params);
+  out << fmt::format("elements        {}\n", elements);
+  out << fmt::format("E0 (eV)         {}\n", e0);
+  out << fmt::format("scale, shift    {:.6g} eV, {:.6g} eV/atom\n", m.scale, m.shift);
+  out << fmt::format("cutoff          {} Å\n", loaded.model->cutoff());
+  out << fmt::format("dtype           {}\n", m.dtype);
+  out << "units           energy eV, forces eV/Å, stress eV/Å^3\n";
+  const std::filesystem::path recipe = std::filesystem::path(dir) / "config.yaml";
+  if (std::filesystem::exists(recipe)) {
+    const Config c = load_config_file(recipe.string());
+    out << fmt::format("precision       {}\n", c.training.precision ? *c.training.precision : c.training.dtype);
+    out << "recipe (" << recipe.string() << "):\n" << dump_config(c, false);
+  } else {
+    out << "recipe          none (no config.yaml beside the model)\n";
+  }
+}
 
 ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, std::ostream& err) {
   if (req.batch_size < 1) {
@@ -47,7 +129,7 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
                       req.device + "'");
   }
 
-  LoadedModel loaded = load_model(req.model_dir);
+  LoadedModel loaded = load_model(model_directory(req.model_dir));
   Config config = default_config();
   config.data = loaded.meta.data;  // keys and units the model was trained with
   apply_overrides(config, req.overrides);
@@ -55,7 +137,9 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
 
   const std::string path = resolve_data_path(req.data_file, "--data");
   std::vector<Structure> structures = read_extxyz(path, extxyz_options(d));
-  check_structures(structures, "--data");
+  StructureLimits limits;
+  if (loaded.meta.min_distance) limits.min_distance = *loaded.meta.min_distance;  // the model's minimum
+  check_structures(structures, "--data", limits);
   if (structures.empty()) {
     throw DataError(path + ": --data must contain at least one structure, got none");
   }
@@ -74,8 +158,8 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
   }
   for (int64_t z : loaded.meta.atomic_numbers) elements += " " + chemical_symbol(z);
   if (!unseen.empty()) {
-    err << "crucible: warning: " << path << " contains elements the model was not trained on:"
-        << unseen << "; their predictions are meaningless\n";
+    throw DataError(path + ": --data must contain only elements the model was trained on (" + elements.substr(1) +
+                    "), got" + unseen);
   }
 
   const double cutoff = loaded.model->cutoff();
@@ -108,7 +192,15 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
     out << fmt::format("zero-forces baseline MAE {:.2f} meV/Å; model/baseline = {:.3f}\n",
                        v.zero_forces_mae, v.forces_mae / v.zero_forces_mae);
   }
+  if (v.per_config_type.size() > 1) {
+    out << fmt::format("{:<20} {:>10}  {:>16}  {:>16}\n", "config_type", "structures", "E MAE", "F MAE");
+    for (const auto& [type, m] : v.per_config_type) {
+      out << fmt::format("{:<20} {:>10}  {:>16}  {:>16}\n", type, m.num_structures,
+                         metric(m.energy_mae, m.num_energies, "meV/atom"), metric(m.forces_mae, m.num_forces, "meV/Å"));
+    }
+  }
   out.flush();
+  if (req.write_path) write_predictions(*loaded.model, dataset, device, eo, *req.write_path);
 
   if (req.json_path) {
     nlohmann::json j;

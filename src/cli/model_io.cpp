@@ -91,6 +91,7 @@ void save_model(const std::string& run_dir, EnergyModel& model, const ModelMetad
   j["e0_eV"] = e0;
   j["scale_eV"] = meta.scale;
   j["shift_eV_per_atom"] = meta.shift;
+  if (meta.min_distance) j["min_distance_angstrom"] = *meta.min_distance;
   j["output_units"] = {{"energy", "eV"}, {"forces", "eV/Å"}, {"stress", "eV/Å^3"},
                        {"length", "Å"}};
   const auto& d = meta.data;
@@ -144,6 +145,7 @@ LoadedModel load_model(const std::string& run_dir) {
     for (const auto& [sym, v] : j.at("e0_eV").items()) meta.e0[atomic_number(sym)] = v.get<double>();
     meta.scale = j.at("scale_eV").get<double>();
     meta.shift = j.at("shift_eV_per_atom").get<double>();
+    if (j.contains("min_distance_angstrom")) meta.min_distance = j.at("min_distance_angstrom").get<double>();
     if (j.contains("data")) {
       const auto& d = j.at("data");
       meta.data.energy_key = d.value("energy_key", meta.data.energy_key);

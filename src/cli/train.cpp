@@ -648,6 +648,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   for (int64_t z : elements) meta.e0[z] = e0[z].item<double>();
   meta.scale = scale;
   meta.shift = shift;
+  if (std::isfinite(setup.min_pair_distance)) meta.min_distance = 0.5 * setup.min_pair_distance;
   meta.data = config.data;
   // With EMA for validation, model.pt holds the averaged weights (MACE).
   auto inference = tc.ema.use_for_validation ? strategy.inference_model() : nullptr;

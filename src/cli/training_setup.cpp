@@ -4,6 +4,8 @@
 #include "crucible/models/energy_normalization.h"
 #include "crucible/models/registry.h"
 
+#include <limits>
+
 #include "crucible/cli/commands.h"
 #include "crucible/cli/resource_limits.h"
 #include "crucible/common/error.h"
@@ -235,6 +237,14 @@ TrainingSetup build_training(const Config& input_config,
     }
     mctx.avg_num_neighbors = atoms > 0 ? static_cast<double>(edges) / static_cast<double>(atoms) : 1.0;
   }
+  double min_pair = std::numeric_limits<double>::infinity();
+  for (int64_t k = 0; k < train_ds->size(); ++k) {
+    const NeighborList& nl = train_ds->neighbor_list(k);
+    if (nl.num_edges() == 0) continue;
+    const at::Tensor pos = train[static_cast<size_t>(k)].positions.to(at::kDouble);
+    const at::Tensor r = pos.index_select(0, nl.edge_index[1]) - pos.index_select(0, nl.edge_index[0]) + nl.shift_vectors;
+    min_pair = std::min(min_pair, r.norm(2, 1).min().item<double>());
+  }
   std::shared_ptr<EnergyModel> model;
   try {
     // Seed 004 module_init_context: parameters are created in the
@@ -317,6 +327,7 @@ TrainingSetup build_training(const Config& input_config,
   s.valid = std::move(valid);
   s.split_text = std::move(split_text);
   s.train_labels = tl;
+  s.min_pair_distance = min_pair;
   s.valid_labels = vl;
   s.elements = std::move(elements);
   std::istringstream lines(err.str());

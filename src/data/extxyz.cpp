@@ -930,6 +930,12 @@ void write_extxyz(const std::string& path, const std::vector<Structure>& structu
     }
     out += "Properties=species:S:1:pos:R:3";
     if (fp != nullptr) out += ":forces:R:3";
+    std::vector<at::Tensor> extra;  // [N, k] float64 each
+    for (const auto& [name, t] : s.arrays) {
+      const at::Tensor a = t.to(at::kCPU, at::kDouble).reshape({n, -1}).contiguous();
+      out += ":" + name + ":R:" + std::to_string(a.size(1));
+      extra.push_back(a);
+    }
     if (s.energy) {
       out += " energy=";
       append_double(out, *s.energy);
@@ -987,6 +993,14 @@ void write_extxyz(const std::string& path, const std::vector<Structure>& structu
         for (int k = 0; k < 3; ++k) {
           out += ' ';
           append_double(out, fp[i * 3 + k]);
+        }
+      }
+      for (const auto& a : extra) {
+        const int64_t k = a.size(1);
+        const double* ap = a.data_ptr<double>() + i * k;
+        for (int64_t c = 0; c < k; ++c) {
+          out += ' ';
+          append_double(out, ap[c]);
         }
       }
       out += '\n';

@@ -21,6 +21,10 @@ void EnergyModel::set_energy_normalization(const at::Tensor&, double, double) {
   throw std::logic_error(name() + ": the model has no energy normalization (E0, scale, shift)");
 }
 
+at::Tensor EnergyModel::node_energies(const Batch&) {
+  throw std::logic_error(name() + ": the model has no per-atom energies");
+}
+
 at::Tensor edge_vectors(const Batch& batch) {
   AutocastDisabledGuard no_autocast;  // geometry stays in the positions' dtype
   const at::Tensor& pos = batch.positions;

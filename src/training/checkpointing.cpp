@@ -1,4 +1,5 @@
 #include "crucible/training/checkpointing.h"
+#include "crucible/models/registry.h"
 
 #include "crucible/common/error.h"
 
@@ -32,6 +33,16 @@ std::string models_info_json(const TrainingStrategy& strategy) {
                   {"cutoff", model->cutoff()},
                   {"elements", model->elements()},
                   {"num_parameters", n}};
+    // A registered model also records its hyperparameters (the factory's
+    // to_json, as in model.json), which same_models_validator compares.
+    for (const auto& f : model_registry()) {
+      if (f.type != model->name() || !f.to_json) continue;
+      try {
+        info[name]["hyperparameters"] = f.to_json(*model);
+      } catch (const std::exception&) {
+        // A model of that name that is not the factory's class: no record.
+      }
+    }
   }
   return info.dump(2) + "\n";
 }
@@ -117,6 +128,18 @@ CheckpointValidator same_models_validator(const TrainingStrategy& strategy) {
           diffs.push_back("model '" + name + "' " + key + ": checkpoint " +
                           (got.contains(key) ? got[key].dump() : std::string("(missing)")) +
                           ", this run " + want[key].dump());
+        }
+      }
+      // Hyperparameters: compared when both sides record them (checkpoints
+      // from before the registry do not).
+      if (got.contains("hyperparameters") && want.contains("hyperparameters") &&
+          got["hyperparameters"] != want["hyperparameters"]) {
+        for (const auto& [key, value] : want["hyperparameters"].items()) {
+          const bool has = got["hyperparameters"].contains(key);
+          if (has && got["hyperparameters"][key] == value) continue;
+          diffs.push_back("model '" + name + "' " + key + ": checkpoint " +
+                          (has ? got["hyperparameters"][key].dump() : std::string("(missing)")) + ", this run " +
+                          value.dump());
         }
       }
       if (!got.contains("cutoff") || !got["cutoff"].is_number() ||

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <regex>
 
 namespace crucible {
 namespace {
@@ -91,6 +92,29 @@ TEST_F(MaceE2e, TrainSigtermResumeAndEvaluateWithEma) {
   const auto ev = nlohmann::json::parse(read_text(out_json));
   EXPECT_NEAR(ev.at("forces_mae").get<double>(), va.at("forces_mae").get<double>(),
               1e-6 * va.at("forces_mae").get<double>());
+
+  // Issue 17: crucible info; evaluate refuses an element the model lacks and
+  // atoms closer than model.json's min_distance_angstrom.
+  r = run_crucible(dir_, {"info", (full / "model.pt").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("type            mace"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("elements        Al Ti"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("recipe ("), std::string::npos) << r.out;
+  const double dmin = meta.at("min_distance_angstrom").get<double>();
+  EXPECT_GT(dmin, 0.5);
+  EXPECT_LT(dmin, 2.0);
+  std::string frame = frames_of((dir_ / "tiny_valid.xyz").string())[0];
+  write_text(dir_ / "fe.xyz", std::regex_replace(frame, std::regex("\nTi "), "\nFe ", std::regex_constants::format_first_only));
+  r = run_crucible(dir_, {"evaluate", "--model", full.string(), "--data", (dir_ / "fe.xyz").string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("must contain only elements the model was trained on (Al Ti), got Fe"), std::string::npos)
+      << r.err;
+  const std::string close = "2\nLattice=\"10 0 0 0 10 0 0 0 10\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n"
+                            "Ti 0 0 0\nAl " + std::to_string(0.9 * dmin) + " 0 0\n";
+  write_text(dir_ / "close.xyz", close);
+  r = run_crucible(dir_, {"evaluate", "--model", full.string(), "--data", (dir_ / "close.xyz").string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("atoms must be at least"), std::string::npos) << r.err;
 }
 
 TEST_F(MaceE2e, EveryPrecisionModeTrains) {

@@ -4,6 +4,8 @@
 
 #include "crucible/common/error.h"
 #include "crucible/training/checkpointing.h"
+#include "crucible/losses/loss.h"
+#include "crucible/models/mace/mace.h"
 #include "toy_model.h"
 
 #include <gtest/gtest.h>
@@ -207,6 +209,45 @@ TEST(CheckpointValidators, SameModelsValidatorRefusesAnotherCutoffBeforeApplying
                        EXPECT_EQ(c.files.count("counters.pt"), 1u);
                      }});
   EXPECT_EQ(seen_step, first.strategy->step_count);
+  fs::remove_all(dir);
+}
+
+// Issue 16: a registered model's hyperparameters are in models.json; two
+// MACE models with equal kind, cutoff, elements and parameter count but
+// another avg_num_neighbors are told apart by name.
+TEST(CheckpointValidators, SameModelsValidatorComparesRegisteredHyperparameters) {
+  const fs::path dir = fresh_dir("crucible_ckpt_mace_hparams");
+  checkpoint::CheckpointStore store(dir);
+  auto make = [](double avg) {
+    MaceOptions o;
+    o.hidden_irreps = "2x0e+2x1o";
+    o.max_ell = 1;
+    o.correlation = 2;
+    o.num_interactions = 1;
+    o.radial_mlp = {4};
+    o.readout_mlp = 2;
+    o.avg_num_neighbors = avg;
+    o.atomic_numbers = {13};
+    StrategyOptions so;
+    so.num_steps = 1;
+    WeightedSumLoss loss;
+    loss.add(std::make_shared<EnergyMSELoss>(), 1.0);
+    return std::make_unique<TrainingStrategy>(std::make_shared<MaceImpl>(o), so, std::move(loss));
+  };
+  auto first = make(10.0);
+  save_checkpoint(store, *first);
+  const auto info = nlohmann::json::parse(store.load_file(store.list().back().index, kModelsInfoFile));
+  EXPECT_EQ(info["main"]["hyperparameters"]["hidden_irreps"], "2x0e+2x1o");
+  auto same = make(10.0);
+  EXPECT_NO_THROW(restore_checkpoint(store, *same, std::nullopt, {same_models_validator(*same)}));
+  auto other = make(12.0);
+  try {
+    restore_checkpoint(store, *other, std::nullopt, {same_models_validator(*other)});
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("avg_num_neighbors: checkpoint 10.0, this run 12.0"), std::string::npos)
+        << e.what();
+  }
   fs::remove_all(dir);
 }
 

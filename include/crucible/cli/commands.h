@@ -63,12 +63,30 @@ struct EvaluateRequest {
   int64_t batch_size = 32;               ///< structures per batch, >= 1.
   std::string device = "cpu";            ///< cpu, cuda, cuda:N.
   std::optional<std::string> json_path;  ///< also write the metrics here as JSON.
+  /// Also write every structure with the predictions (issue 17) to this
+  /// extxyz file: crucible_energy (eV), crucible_stress (9 values, eV/Å³,
+  /// periodic frames), columns crucible_forces (eV/Å) and crucible_energies
+  /// (eV per atom), next to the reference labels (in eV units).
+  std::optional<std::string> write_path;
 };
+
+/// `crucible info PATH`: a model's type, hyperparameters, parameter count,
+/// elements, E0s, scale / shift, cutoff, dtype and, for a run directory, the
+/// recipe it was trained with (config.yaml). PATH is a run directory or a
+/// model.pt with model.json beside it.
+/// @throws DataError naming the file for a missing or bad model.
+void run_info(const std::string& path, std::ostream& out);
+
+/// The run directory of PATH: PATH itself, or the folder of a model.pt.
+/// Never throws.
+std::string model_directory(const std::string& path);
 
 /// `crucible evaluate`: loads the model, reads `data_file` with the data
 /// settings of training (keys, units) updated by `overrides`, prints the
 /// number of structures and energy (meV/atom), force (meV/Å) and stress
-/// (meV/Å³, when present) MAE/RMSE plus the zero-forces baseline.
+/// (meV/Å³, when present) MAE/RMSE plus the zero-forces baseline, then a
+/// row per config_type when there are several; with `write_path` also the
+/// predictions file.
 /// @throws ConfigError for a bad override (only data.* keys are allowed),
 ///         DataError for a bad model directory or data file.
 ValidationSummary run_evaluation(const EvaluateRequest& request, std::ostream& out,

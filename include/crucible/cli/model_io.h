@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,12 @@ struct ModelMetadata {
   std::map<int64_t, double> e0;       ///< reference energy per element, eV.
   double scale = 1.0;                 ///< energy scale, eV.
   double shift = 0.0;                 ///< energy shift, eV/atom.
+  /// The model's minimum interatomic distance, Å: half the closest pair of
+  /// its training data (model.json "min_distance_angstrom"). `evaluate`,
+  /// the Python calculator and the other inference paths refuse a structure
+  /// with two atoms closer than this. Unset (older model.json) = 0.1 Å,
+  /// the training-data bound.
+  std::optional<double> min_distance;
   /// Data settings of training (keys and file units), reused by `evaluate`.
   DataConfig data;
 };

@@ -53,6 +53,9 @@ struct TrainingSetup {
   std::vector<std::string> warnings;    ///< e.g. dropped loss terms, unseen elements.
   at::Tensor e0;                        ///< [119] float64 eV, index = Z (MACE E0s).
   double scale = 1, shift = 0;          ///< eV, eV/atom (fit_energy_scale_shift).
+  /// Closest pair of atoms within the cutoff in the training split, Å
+  /// (infinity without pairs); model.json records half of it.
+  double min_pair_distance = 0;
   /// The model.type architecture (crucible/models/registry.h), on `dtype`,
   /// normalization set, seeded by training.seed.
   std::shared_ptr<EnergyModel> model;

@@ -8,6 +8,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace crucible {
 
@@ -33,6 +35,9 @@ struct Structure {
   double stress_weight = 1.0;   ///< `config_stress_weight`.
   /// Every other header key=value pair, as the raw (unquoted) text.
   std::map<std::string, std::string> info;
+  /// Extra per-atom columns [N, k] (any float dtype) that write_extxyz adds
+  /// as name:R:k (e.g. crucible_forces, crucible_energies); not read back.
+  std::vector<std::pair<std::string, at::Tensor>> arrays;
   /// Where the frame came from, "file:line" of its comment line (for errors).
   std::string source;
 

@@ -43,6 +43,11 @@ class EnergyModel {
   /// on a wrong shape or non-finite values, std::logic_error if the model
   /// has no such normalization (the default).
   virtual void set_energy_normalization(const at::Tensor& e0, double scale, double shift);
+  /// Per-atom energies [N] (eV, the positions' dtype) whose sum over each
+  /// structure is energy(batch): E0[Z_i] + the learned contribution of atom
+  /// i (ASE's "energies"). @throws std::logic_error if the model has none
+  /// (the default).
+  virtual at::Tensor node_energies(const Batch& batch);
 };
 
 /// RAII scope in which autocast is off on every device (CPU, CUDA, XPU),

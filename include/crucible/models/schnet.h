@@ -73,6 +73,8 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
   /// dtype/device), scale (eV) and shift (eV/atom).
   /// @throws std::invalid_argument on a wrong e0 shape or non-finite scale/shift.
   void set_energy_normalization(const at::Tensor& e0, double scale, double shift) override;
+  /// atomic_energies + E0[Z], [N] eV.
+  at::Tensor node_energies(const Batch& batch) override;
   const SchNetOptions& options() const { return options_; }
 
  private:

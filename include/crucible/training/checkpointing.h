@@ -68,7 +68,10 @@ using CheckpointValidator = std::function<void(const LoadedCheckpoint&)>;
 
 /// A validator that refuses a checkpoint whose models.json differs from
 /// `strategy`'s models: the same model names, and for each the same kind
-/// (EnergyModel::name), cutoff (to 1e-12 Å), elements and parameter count.
+/// (EnergyModel::name), cutoff (to 1e-12 Å), elements and parameter count,
+/// and for a registered model (crucible/models/registry.h) the same
+/// hyperparameters (its factory's to_json; skipped for checkpoints written
+/// before models.json recorded them).
 /// Captures the strategy by reference: it must outlive the validator.
 /// The returned validator throws DataError listing every difference.
 CheckpointValidator same_models_validator(const TrainingStrategy& strategy);

@@ -411,10 +411,15 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
   return scale_.to(geom) * energy + shift_.to(geom);
 }
 
-at::Tensor MaceImpl::energy(const Batch& batch) {
+at::Tensor MaceImpl::node_energies(const Batch& batch) {
   const at::Tensor atomic = atomic_energies(batch);
   AutocastDisabledGuard no_autocast;
-  const at::Tensor total = atomic + e0_.to(atomic.scalar_type()).index_select(0, batch.atomic_numbers);
+  return atomic + e0_.to(atomic.scalar_type()).index_select(0, batch.atomic_numbers);
+}
+
+at::Tensor MaceImpl::energy(const Batch& batch) {
+  const at::Tensor total = node_energies(batch);
+  AutocastDisabledGuard no_autocast;
   return at::zeros({batch.num_atoms.size(0)}, total.options()).index_add(0, batch.batch, total);
 }
 

@@ -90,20 +90,25 @@ SymmetricBasis build_basis(const Irreps& in, const Irrep& out, int nu) {
     for (int p = 0; p < nperm; ++p) sym += u.permute(permutation_axes(nu, p));
     rows.push_back((sym / nperm).reshape({-1}));
   }
+  // An orthonormal basis of their span by modified Gram-Schmidt in path
+  // order, keeping a path only if it adds a direction (residual above 1e-9
+  // of its norm). Unlike an SVD, whose basis within degenerate singular
+  // values depends on the LAPACK/BLAS kernels, this is the same on every
+  // machine to rounding, so trained weights mean the same everywhere.
+  std::vector<at::Tensor> kept;
+  for (const at::Tensor& row : rows) {
+    const double norm = row.norm().item<double>();
+    if (!(norm > 1e-12)) continue;
+    at::Tensor v = row.clone();
+    for (int pass = 0; pass < 2; ++pass)  // twice: re-orthogonalisation
+      for (const at::Tensor& q : kept) v -= v.dot(q) * q;
+    const double residual = v.norm().item<double>();
+    if (residual > 1e-9 * norm) kept.push_back(v / residual);
+  }
   at::Tensor dense = at::zeros({O, Dn, 0}, at::kDouble);
-  if (!rows.empty()) {
-    const at::Tensor A = at::stack(rows);  // [paths, O·D^ν]
-    auto [U, S, Vh] = at::linalg_svd(A, /*full_matrices=*/false);
-    const double smax = S.max().item<double>();
-    const int64_t K = smax > 1e-12 ? S.gt(1e-9 * smax).sum().item<int64_t>() : 0;
-    if (K > 0) {
-      at::Tensor b = Vh.narrow(0, 0, K);  // [K, O·D^ν], orthonormal rows
-      // A deterministic sign: the largest entry of each row positive.
-      const at::Tensor idx = b.abs().argmax(1);
-      const at::Tensor sign = b.gather(1, idx.unsqueeze(1)).sign();
-      b = b * sign;
-      dense = b.reshape({K, O, Dn}).permute({1, 2, 0}).contiguous();  // [O, D^ν, K]
-    }
+  if (!kept.empty()) {
+    const int64_t K = static_cast<int64_t>(kept.size());
+    dense = at::stack(kept).reshape({K, O, Dn}).permute({1, 2, 0}).contiguous();  // [O, D^ν, K]
   }
   basis.dense = dense;
   basis.num_basis = dense.size(2);

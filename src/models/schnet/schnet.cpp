@@ -143,12 +143,16 @@ std::shared_ptr<EnergyModel> SchNetImpl::clone_model() const {
   return std::dynamic_pointer_cast<SchNetImpl>(clone());
 }
 
-at::Tensor SchNetImpl::energy(const Batch& batch) {
+at::Tensor SchNetImpl::node_energies(const Batch& batch) {
   const at::Tensor atomic = atomic_energies(batch);  // [N], positions' dtype
-  // The per-atom → per-structure sum runs with autocast off in the positions' dtype.
   AutocastDisabledGuard no_autocast;
-  const at::Tensor total =
-      atomic + e0_.to(atomic.scalar_type()).index_select(0, batch.atomic_numbers);  // [N]
+  return atomic + e0_.to(atomic.scalar_type()).index_select(0, batch.atomic_numbers);
+}
+
+at::Tensor SchNetImpl::energy(const Batch& batch) {
+  // The per-atom → per-structure sum runs with autocast off in the positions' dtype.
+  const at::Tensor total = node_energies(batch);  // [N]
+  AutocastDisabledGuard no_autocast;
   const int64_t B = batch.num_atoms.size(0);
   return at::zeros({B}, total.options()).index_add(0, batch.batch, total);
 }

@@ -78,6 +78,8 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   /// E0 [119] eV (index Z), scale (eV), shift (eV/atom).
   /// @throws std::invalid_argument on a wrong e0 shape or non-finite values.
   void set_energy_normalization(const at::Tensor& e0, double scale, double shift) override;
+  /// atomic_energies + E0[Z], [N] eV.
+  at::Tensor node_energies(const Batch& batch) override;
   const MaceOptions& options() const { return options_; }
   void set_reference_autograd(bool on) { options_.reference_autograd = on; }
 

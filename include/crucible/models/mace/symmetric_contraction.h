@@ -18,8 +18,10 @@ namespace crucible::mace {
 /// Built from every coupling path (l1 ⊗ l2 → L12, L12 ⊗ l3 → L, ... with the
 /// real couplings of clebsch_gordan.h, parity Π p_i = out.parity),
 /// symmetrised over the ν input slots, then reduced to an orthonormal basis
-/// (SVD; rows with singular value below 1e-9 of the largest are dropped), so
-/// K is the dimension of that space and ‖U_k‖_F = 1. MACE's U matrices
+/// by modified Gram-Schmidt in path order (a path that adds less than 1e-9
+/// of its norm is dropped), so K is the dimension of that space, ‖U_k‖_F = 1,
+/// and the basis is the same on every machine (an SVD's is not: within
+/// degenerate singular values it depends on the LAPACK kernels). MACE's U matrices
 /// (mace/modules/symmetric_contraction.py, U_matrix_real) span the same
 /// space with redundant columns.
 struct SymmetricBasis {

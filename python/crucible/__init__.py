@@ -1,0 +1,24 @@
+"""Crucible models from Python (issue 17).
+
+    import crucible
+    calc = crucible.Calculator("runs/default")        # an ASE calculator
+    model = crucible.load_model("runs/default")       # metadata and compute()
+
+Put build/python on PYTHONPATH (README). Energies in eV, forces in eV/Å,
+stress in eV/Å^3 with ASE's sign convention.
+"""
+from ._crucible import Model as _Model
+from .calculator import Calculator
+
+
+def load_model(path, dtype="float64"):
+    """A trained model from a run directory or a model.pt with model.json beside it.
+
+    Returns an object with .metadata() (type, cutoff, elements, E0s, units, ...)
+    and .compute(positions, numbers, cell, pbc, stress=True).
+    Raises ValueError / RuntimeError naming the file for a bad model.
+    """
+    return _Model(str(path), dtype)
+
+
+__all__ = ["Calculator", "load_model"]

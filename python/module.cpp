@@ -1,0 +1,154 @@
+// The `crucible` Python module (issue 17): a trained model of any
+// registered type, loaded from a run directory or model.pt + model.json,
+// evaluated on one structure with Crucible's own neighbor list. The ASE
+// calculator (python/crucible/calculator.py) wraps it.
+//
+// Built by the normal build into build/python/crucible/ (PYTHONPATH=build/python).
+// LibTorch is the same shared build as Debian's python3-torch, so the module
+// imports beside `import torch`. The GIL is released while it computes.
+
+#include "crucible/cli/model_io.h"
+#include "crucible/data/batch.h"
+#include "crucible/data/extxyz.h"
+#include "crucible/data/structure_checks.h"
+#include "crucible/models/energy_model.h"
+#include "crucible/neighbors/neighbor_list.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+namespace py = pybind11;
+namespace fs = std::filesystem;
+
+namespace crucible {
+namespace {
+
+using Array = py::array_t<double, py::array::c_style | py::array::forcecast>;
+
+at::Tensor to_tensor(const Array& a, std::vector<int64_t> shape, const char* what) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  if (a.size() != n) throw std::invalid_argument(std::string(what) + " must have " + std::to_string(n) + " values, got " + std::to_string(a.size()));
+  at::Tensor t = at::empty(shape, at::kDouble);
+  std::memcpy(t.data_ptr<double>(), a.data(), static_cast<size_t>(n) * sizeof(double));
+  return t;
+}
+
+py::array_t<double> to_numpy(const at::Tensor& t) {
+  const at::Tensor c = t.detach().to(at::kCPU, at::kDouble).contiguous();
+  py::array_t<double> out(c.sizes().vec());
+  std::memcpy(out.mutable_data(), c.data_ptr<double>(), static_cast<size_t>(c.numel()) * sizeof(double));
+  return out;
+}
+
+/// A loaded model and its metadata.
+class Model {
+ public:
+  Model(const std::string& path, const std::string& dtype) {
+    fs::path dir(path);
+    if (fs::is_regular_file(dir) && dir.extension() == ".pt") dir = dir.parent_path();
+    loaded_ = load_model(dir.string());
+    if (dtype != "float64" && dtype != "float32") {
+      throw std::invalid_argument("dtype must be \"float64\" or \"float32\", got \"" + dtype + "\"");
+    }
+    dtype_ = dtype == "float64" ? at::kDouble : at::kFloat;
+    loaded_.model->module().to(dtype_);
+    loaded_.model->module().eval();
+  }
+
+  py::dict metadata() const {
+    const auto& m = loaded_.meta;
+    py::dict d;
+    d["type"] = m.model_type;
+    d["cutoff"] = loaded_.model->cutoff();
+    py::list elements;
+    for (int64_t z : m.atomic_numbers) elements.append(chemical_symbol(z));
+    d["elements"] = elements;
+    d["atomic_numbers"] = m.atomic_numbers;
+    py::dict e0;
+    for (const auto& [z, v] : m.e0) e0[py::str(chemical_symbol(z))] = v;
+    d["e0"] = e0;
+    d["scale"] = m.scale;
+    d["shift"] = m.shift;
+    d["hyperparameters"] = m.hyperparameters.dump();
+    d["trained_dtype"] = m.dtype;
+    d["min_distance"] = m.min_distance ? *m.min_distance : 0.1;
+    d["dtype"] = dtype_ == at::kDouble ? "float64" : "float32";
+    d["units"] = py::dict(py::arg("energy") = "eV", py::arg("forces") = "eV/Å", py::arg("stress") = "eV/Å^3",
+                          py::arg("length") = "Å");
+    return d;
+  }
+
+  /// Energy (eV), forces [N,3] (eV/Å), stress [3,3] (eV/Å³, ASE sign; zero
+  /// without periodicity) and per-atom energies [N] (eV) of one structure.
+  py::dict compute(const Array& positions, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& numbers,
+                   const Array& cell, const std::array<bool, 3>& pbc, bool stress) {
+    const int64_t n = static_cast<int64_t>(numbers.size());
+    Structure s;
+    s.positions = to_tensor(positions, {n, 3}, "positions");
+    s.atomic_numbers = at::empty({n}, at::kLong);
+    std::memcpy(s.atomic_numbers.data_ptr<int64_t>(), numbers.data(), static_cast<size_t>(n) * sizeof(int64_t));
+    s.cell = to_tensor(cell, {3, 3}, "cell");
+    s.pbc = pbc;
+    s.source = "structure";
+    ModelOutputs out;
+    at::Tensor node;
+    {
+      py::gil_scoped_release release;  // autograd runs without the GIL
+      check_elements(s);
+      StructureLimits limits;  // the model's minimum distance (model.json)
+      if (loaded_.meta.min_distance) limits.min_distance = *loaded_.meta.min_distance;
+      check_structures({s}, "structure", limits);
+      const NeighborList nl = build_neighbor_list(s.positions, s.cell, s.pbc, loaded_.model->cutoff());
+      const Batch batch = collate({&s}, {&nl}).to(at::kCPU, dtype_);
+      ComputeOptions co;
+      co.forces = true;
+      co.stress = stress && (pbc[0] || pbc[1] || pbc[2]);
+      out = compute_outputs(*loaded_.model, batch, co);
+      at::NoGradGuard no_grad;
+      node = loaded_.model->node_energies(batch);
+    }
+    py::dict d;
+    d["energy"] = out.energy.sum().item<double>();
+    d["forces"] = to_numpy(out.forces);
+    d["stress"] = out.stress.defined() ? to_numpy(out.stress[0]) : to_numpy(at::zeros({3, 3}, at::kDouble));
+    d["energies"] = to_numpy(node);
+    return d;
+  }
+
+ private:
+  void check_elements(const Structure& s) const {
+    const auto& known = loaded_.meta.atomic_numbers;
+    const at::Tensor z = s.atomic_numbers;
+    for (int64_t a = 0; a < z.numel(); ++a) {
+      const int64_t v = z[a].item<int64_t>();
+      if (std::find(known.begin(), known.end(), v) == known.end()) {
+        std::string list;
+        for (int64_t k : known) list += (list.empty() ? "" : " ") + chemical_symbol(k);
+        throw std::invalid_argument("atom " + std::to_string(a) + " is " + (v >= 1 && v <= 118 ? chemical_symbol(v) : std::to_string(v)) +
+                                    ", an element the model was not trained on (it knows " + list + ")");
+      }
+    }
+  }
+
+  LoadedModel loaded_;
+  at::ScalarType dtype_ = at::kDouble;
+};
+
+}  // namespace
+}  // namespace crucible
+
+PYBIND11_MODULE(_crucible, m) {
+  m.doc() = "Crucible: machine-learned interatomic potentials (C++ / LibTorch)";
+  py::class_<crucible::Model>(m, "Model")
+      .def(py::init<const std::string&, const std::string&>(), py::arg("path"), py::arg("dtype") = "float64")
+      .def("metadata", &crucible::Model::metadata)
+      .def("compute", &crucible::Model::compute, py::arg("positions"), py::arg("numbers"), py::arg("cell"),
+           py::arg("pbc"), py::arg("stress") = true);
+}

@@ -1,0 +1,160 @@
+#!/usr/bin/python3
+"""Issue 17: the crucible Python module and its ASE calculator.
+
+Trains two small models with the real binary (SchNet with the default
+architecture of README command (1), and a MACE), then checks through ASE:
+per-atom energies sum to the energy; forces and stress equal ASE's own
+central differences; periodic, mixed and non-periodic cells; float32 close
+to float64; an unknown element is refused with a message; metadata; and a
+velocity-Verlet NVE run of 1000 steps (1 fs) of a 40-atom TiAl cell
+conserves the total energy to the drift stated below.
+
+Usage: test_calculator.py CRUCIBLE_BINARY BUILD_PYTHON_DIR WORK_DIR
+"""
+import os
+import shutil
+import subprocess
+import sys
+import unittest
+
+BINARY, PYDIR, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.argv = sys.argv[:1]
+sys.path.insert(0, PYDIR)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402,F401  (the module must import beside torch)
+from ase import Atoms, units  # noqa: E402
+from ase.io import read  # noqa: E402
+from ase.md.velocitydistribution import MaxwellBoltzmannDistribution  # noqa: E402
+from ase.md.verlet import VelocityVerlet  # noqa: E402
+
+import crucible  # noqa: E402
+
+SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIAL = os.path.join(SOURCE, "data", "alloy_TiAl", "TiAl_tutorial.xyz")
+# Energy drift allowed in the NVE run: |E(t) - E(0)| per atom, over 1000 fs.
+MAX_DRIFT_MEV_PER_ATOM = 1.0
+
+
+def train(name, *overrides):
+    run = os.path.join(WORK, name)
+    subprocess.run([BINARY, "train", "output.run_dir=" + run, "output.overwrite=true", "training.dtype=float64",
+                    *overrides], check=True, capture_output=True, text=True)
+    return run
+
+
+def setUpModule():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    global SCHNET, MACE
+    SCHNET = train("schnet", "training.num_epochs=8")  # the default architecture, fewer epochs
+    MACE = train("mace", "training.num_epochs=2", "model.type=mace", "model.mace.hidden_irreps=8x0e+8x1o",
+                 "model.mace.max_ell=2", "model.mace.radial_mlp=[16]")
+
+
+def tial_cell(repeat=(2, 2, 2)):
+    atoms = read(TIAL, index=0)
+    return atoms.repeat(repeat)
+
+
+class Calculator(unittest.TestCase):
+    def check_structure(self, calc, atoms, periodic):
+        atoms = atoms.copy()
+        atoms.calc = calc
+        e = atoms.get_potential_energy()
+        self.assertAlmostEqual(atoms.get_potential_energies().sum(), e, delta=1e-10 * max(1.0, abs(e)))
+        self.assertEqual(atoms.get_potential_energy(force_consistent=True), e)
+        f = atoms.get_forces()
+        fd = calc.calculate_numerical_forces(atoms, d=1e-4)
+        self.assertLess(np.abs(f - fd).max(), 1e-6 * max(1.0, np.abs(f).max()), "forces vs ASE finite differences")
+        if periodic:
+            s = atoms.get_stress()
+            sd = calc.calculate_numerical_stress(atoms, d=1e-5)
+            self.assertLess(np.abs(s - sd).max(), 1e-6, "stress vs ASE finite differences")
+
+    def test_schnet_and_mace_periodic_mixed_and_molecule(self):
+        for run in (SCHNET, MACE):
+            calc = crucible.Calculator(run)
+            with self.subTest(model=calc.metadata["type"], cell="periodic"):
+                self.check_structure(calc, tial_cell((1, 1, 2)), True)
+            mixed = tial_cell((1, 1, 1))
+            mixed.set_pbc([True, True, False])
+            mixed.center(vacuum=3.0, axis=2)
+            with self.subTest(model=calc.metadata["type"], cell="mixed"):
+                self.check_structure(calc, mixed, True)
+            cluster = Atoms("TiAlTi", positions=[[0, 0, 0], [2.6, 0.1, 0], [1.2, 2.3, 0.4]])
+            with self.subTest(model=calc.metadata["type"], cell="none"):
+                self.check_structure(calc, cluster, False)
+
+    def test_model_file_path_float32_and_metadata(self):
+        meta = crucible.load_model(os.path.join(MACE, "model.pt")).metadata()
+        self.assertEqual(meta["type"], "mace")
+        self.assertEqual(meta["elements"], ["Al", "Ti"])
+        self.assertEqual(set(meta["e0"]), {"Al", "Ti"})
+        self.assertEqual(meta["units"]["energy"], "eV")
+        atoms = tial_cell((1, 1, 2))
+        atoms.calc = crucible.Calculator(SCHNET)
+        e64, f64 = atoms.get_potential_energy(), atoms.get_forces()
+        atoms.calc = crucible.Calculator(SCHNET, dtype="float32")
+        self.assertAlmostEqual(atoms.get_potential_energy(), e64, delta=1e-5 * abs(e64))
+        self.assertLess(np.abs(atoms.get_forces() - f64).max(), 1e-3)
+
+    def test_calculator_equals_evaluate_write(self):
+        frames = read(TIAL, index=":12")
+        data = os.path.join(WORK, "frames.xyz")
+        from ase.io import write
+        write(data, frames, format="extxyz")
+        for run in (SCHNET, MACE):
+            pred = os.path.join(WORK, "pred.xyz")
+            r = subprocess.run([BINARY, "evaluate", "--model", run, "--data", data, "--write", pred],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            calc = crucible.Calculator(run)
+            for k, p in enumerate(read(pred, index=":")):
+                with self.subTest(model=calc.metadata["type"], frame=k):
+                    a = frames[k].copy()
+                    a.calc = calc
+                    e = a.get_potential_energy()
+                    self.assertLess(abs(p.info["crucible_energy"] - e), 1e-10 * max(1.0, abs(e)))
+                    self.assertLess(np.abs(p.arrays["crucible_forces"] - a.get_forces()).max(), 1e-10)
+                    self.assertLess(np.abs(p.arrays["crucible_energies"] - a.get_potential_energies()).max(), 1e-10)
+                    stress = np.asarray(p.info["crucible_stress"], dtype=float).reshape(3, 3)
+                    self.assertLess(np.abs(stress - a.get_stress(voigt=False)).max(), 1e-10)
+                    # The reference labels stay next to the predictions.
+                    self.assertAlmostEqual(p.get_potential_energy(), frames[k].get_potential_energy(), places=8)
+
+    def test_unknown_element_is_refused_with_a_message(self):
+        atoms = tial_cell((1, 1, 1))
+        atoms.numbers[0] = 26
+        atoms.calc = crucible.Calculator(SCHNET)
+        with self.assertRaises(Exception) as ctx:
+            atoms.get_potential_energy()
+        self.assertIn("Fe, an element the model was not trained on (it knows Al Ti)", str(ctx.exception))
+
+    def test_atoms_closer_than_the_model_minimum_are_refused(self):
+        dmin = crucible.load_model(SCHNET).metadata()["min_distance"]
+        self.assertGreater(dmin, 0.5)
+        atoms = Atoms("TiAl", positions=[[0, 0, 0], [0.9 * dmin, 0, 0]])
+        atoms.calc = crucible.Calculator(SCHNET)
+        with self.assertRaises(Exception) as ctx:
+            atoms.get_potential_energy()
+        self.assertIn("atoms must be at least", str(ctx.exception))
+
+    def test_nve_conserves_energy(self):
+        atoms = tial_cell((2, 2, 2))
+        self.assertGreaterEqual(len(atoms), 16)
+        atoms.calc = crucible.Calculator(SCHNET)
+        MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+        dyn = VelocityVerlet(atoms, timestep=1.0 * units.fs)
+        e0 = atoms.get_total_energy()
+        worst = 0.0
+        for _ in range(100):
+            dyn.run(10)
+            worst = max(worst, abs(atoms.get_total_energy() - e0))
+        drift = 1000.0 * worst / len(atoms)
+        print(f"[ info ] NVE 1000 x 1 fs, {len(atoms)} atoms: max |E - E0| = {drift:.4f} meV/atom")
+        self.assertLess(drift, MAX_DRIFT_MEV_PER_ATOM)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
