@@ -4,6 +4,7 @@
 
 #include "crucible/common/error.h"
 #include "crucible/training/checkpointing.h"
+#include "crucible/data/dataset.h"
 #include "crucible/losses/loss.h"
 #include "crucible/models/mace/mace.h"
 #include "toy_model.h"
@@ -234,7 +235,16 @@ TEST(CheckpointValidators, SameModelsValidatorComparesRegisteredHyperparameters)
     loss.add(std::make_shared<EnergyMSELoss>(), 1.0);
     return std::make_unique<TrainingStrategy>(std::make_shared<MaceImpl>(o), so, std::move(loss));
   };
+  // One training batch builds the optimizer (a checkpoint holds its state).
+  Structure s;
+  s.positions = at::tensor({0.0, 0.0, 0.0, 1.9, 2.1, 0.2}, at::kDouble).view({2, 3});
+  s.atomic_numbers = at::tensor({int64_t{13}, int64_t{13}}, at::kLong);
+  s.cell = at::eye(3, at::kDouble) * 4.0;
+  s.pbc = {true, true, true};
+  s.energy = -7.5;
+  AtomicDataset ds({s}, 5.0);
   auto first = make(10.0);
+  first->train_batch(ds.collate({0}));
   save_checkpoint(store, *first);
   const auto info = nlohmann::json::parse(store.load_file(store.list().back().index, kModelsInfoFile));
   EXPECT_EQ(info["main"]["hyperparameters"]["hidden_irreps"], "2x0e+2x1o");
