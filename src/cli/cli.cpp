@@ -116,7 +116,8 @@ int run(int argc, char** argv) {
   evaluate->add_option("--batch-size", eval.batch_size, "Structures per batch (default 32)");
   evaluate->add_option("--device", eval.device, "cpu, cuda or cuda:N (default cpu)");
   evaluate->add_option("--json", e_json, "Also write the metrics to this JSON file");
-  std::string e_write;
+  std::string e_write, e_parity;
+  evaluate->add_option("--parity", e_parity, "Also draw energy and force parity plots to this SVG file");
   evaluate->add_option("--write", e_write,
                        "Also write every structure with the predictions to this extxyz file "
                        "(crucible_energy, crucible_stress, crucible_forces, crucible_energies; eV units)");
@@ -230,6 +231,7 @@ int run(int argc, char** argv) {
     add("stress_unit", e_stress_unit);
     if (!e_json.empty()) eval.json_path = e_json;
     if (!e_write.empty()) eval.write_path = e_write;
+    if (!e_parity.empty()) eval.parity_path = e_parity;
     run_evaluation(eval, std::cout, std::cerr);
     return 0;
   }

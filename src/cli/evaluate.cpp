@@ -3,6 +3,7 @@
 #include "crucible/cli/commands.h"
 #include "crucible/cli/training_setup.h"
 #include "crucible/cli/model_io.h"
+#include "crucible/cli/parity_plot.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
@@ -28,9 +29,11 @@ std::string metric(double v, int64_t n, const char* unit, int precision = 2) {
 }
 
 /// Every structure of `dataset` with the model's predictions, written to
-/// `path` through a temporary file and a rename.
+/// `write_path` (through a temporary file and a rename), and their parity
+/// plot to `parity_path`, where set.
 void write_predictions(EnergyModel& model, const AtomicDataset& dataset, at::Device device, const EvaluateOptions& eo,
-                       const std::string& path) {
+                       const std::optional<std::string>& write_path, const std::optional<std::string>& parity_path) {
+  ParityData parity;
   std::vector<Structure> frames;
   frames.reserve(static_cast<size_t>(dataset.size()));
   for (int64_t start = 0; start < dataset.size(); start += eo.batch_size) {
@@ -59,14 +62,27 @@ void write_predictions(EnergyModel& model, const AtomicDataset& dataset, at::Dev
         s.info["crucible_stress"] = text;
       }
       s.arrays = {{"crucible_forces", forces.narrow(0, lo, hi - lo)}, {"crucible_energies", node.narrow(0, lo, hi - lo)}};
-      frames.push_back(std::move(s));
+      const double n = static_cast<double>(hi - lo);
+      if (s.energy) {
+        parity.energy_ref.push_back(*s.energy / n);
+        parity.energy_pred.push_back(out.energy[static_cast<int64_t>(b)].item<double>() / n);
+      }
+      if (s.forces) {
+        const at::Tensor fr = s.forces->to(at::kDouble).contiguous().view({-1});
+        const at::Tensor fp = forces.narrow(0, lo, hi - lo).contiguous().view({-1});
+        parity.forces_ref.insert(parity.forces_ref.end(), fr.data_ptr<double>(), fr.data_ptr<double>() + fr.numel());
+        parity.forces_pred.insert(parity.forces_pred.end(), fp.data_ptr<double>(), fp.data_ptr<double>() + fp.numel());
+      }
+      if (write_path) frames.push_back(std::move(s));
     }
   }
-  const std::string tmp = path + ".tmp";
+  if (parity_path) write_parity_svg(*parity_path, parity);
+  if (!write_path) return;
+  const std::string tmp = *write_path + ".tmp";
   write_extxyz(tmp, frames);
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw DataError(path + ": --write file cannot be written (" + ec.message() + ")");
+  std::filesystem::rename(tmp, *write_path, ec);
+  if (ec) throw DataError(*write_path + ": --write file cannot be written (" + ec.message() + ")");
 }
 
 }  // namespace
@@ -110,6 +126,7 @@ void run_info(const std::string& path, std::ostream& out) {
 }
 
 ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, std::ostream& err) {
+  (void)err;  // warnings: none at present (unseen elements are errors, issue 17)
   if (req.batch_size < 1) {
     throw ConfigError("--batch-size must be >= 1, got " + std::to_string(req.batch_size));
   }
@@ -200,7 +217,9 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
     }
   }
   out.flush();
-  if (req.write_path) write_predictions(*loaded.model, dataset, device, eo, *req.write_path);
+  if (req.write_path || req.parity_path) {
+    write_predictions(*loaded.model, dataset, device, eo, req.write_path, req.parity_path);
+  }
 
   if (req.json_path) {
     nlohmann::json j;

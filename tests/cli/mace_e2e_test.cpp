@@ -93,6 +93,18 @@ TEST_F(MaceE2e, TrainSigtermResumeAndEvaluateWithEma) {
   EXPECT_NEAR(ev.at("forces_mae").get<double>(), va.at("forces_mae").get<double>(),
               1e-6 * va.at("forces_mae").get<double>());
 
+  // Issue 17: parity plots, one point per energy and force component.
+  const fs::path svg = dir_ / "parity.svg";
+  r = run_crucible(dir_, {"evaluate", "--model", full.string(), "--data", (dir_ / "tiny_valid.xyz").string(),
+                          "--parity", svg.string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string picture = read_text(svg);
+  size_t points = 0;
+  for (size_t p = picture.find("class=\"point\""); p != std::string::npos; p = picture.find("class=\"point\"", p + 1)) ++points;
+  EXPECT_EQ(points, ev.at("num_energies").get<size_t>() + ev.at("num_forces").get<size_t>());
+  EXPECT_EQ(picture.find("no data"), std::string::npos);
+  EXPECT_NE(picture.find("class=\"diagonal\""), std::string::npos);
+
   // Issue 17: crucible info; evaluate refuses an element the model lacks and
   // atoms closer than model.json's min_distance_angstrom.
   r = run_crucible(dir_, {"info", (full / "model.pt").string()});

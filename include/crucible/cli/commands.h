@@ -68,6 +68,8 @@ struct EvaluateRequest {
   /// periodic frames), columns crucible_forces (eV/Å) and crucible_energies
   /// (eV per atom), next to the reference labels (in eV units).
   std::optional<std::string> write_path;
+  /// Also draw energy and force parity plots (SVG) to this file.
+  std::optional<std::string> parity_path;
 };
 
 /// `crucible info PATH`: a model's type, hyperparameters, parameter count,
