@@ -7,6 +7,7 @@
 // LibTorch is the same shared build as Debian's python3-torch, so the module
 // imports beside `import torch`. The GIL is released while it computes.
 
+#include "crucible/cli/commands.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/data/batch.h"
 #include "crucible/data/extxyz.h"
@@ -19,12 +20,10 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
-#include <filesystem>
 #include <stdexcept>
 #include <string>
 
 namespace py = pybind11;
-namespace fs = std::filesystem;
 
 namespace crucible {
 namespace {
@@ -51,9 +50,7 @@ py::array_t<double> to_numpy(const at::Tensor& t) {
 class Model {
  public:
   Model(const std::string& path, const std::string& dtype) {
-    fs::path dir(path);
-    if (fs::is_regular_file(dir) && dir.extension() == ".pt") dir = dir.parent_path();
-    loaded_ = load_model(dir.string());
+    loaded_ = load_model(model_directory(path));  // a run directory or its model.pt
     if (dtype != "float64" && dtype != "float32") {
       throw std::invalid_argument("dtype must be \"float64\" or \"float32\", got \"" + dtype + "\"");
     }

@@ -229,21 +229,21 @@ TrainingSetup build_training(const Config& input_config,
   mctx.params = &config.model.params;
   mctx.cutoff = cutoff;
   mctx.elements.assign(elements.begin(), elements.end());
+  // One pass over the training neighbor lists: the mean neighbor count
+  // (MACE's avg_num_neighbors) and the closest pair (model.json's minimum).
+  double min_pair = std::numeric_limits<double>::infinity();
   {
     int64_t edges = 0, atoms = 0;
     for (int64_t k = 0; k < train_ds->size(); ++k) {
-      edges += train_ds->neighbor_list(k).edge_index.size(1);
+      const NeighborList& nl = train_ds->neighbor_list(k);
+      edges += nl.num_edges();
       atoms += train[static_cast<size_t>(k)].num_atoms();
+      if (nl.num_edges() == 0) continue;
+      const at::Tensor pos = train[static_cast<size_t>(k)].positions.to(at::kDouble);
+      const at::Tensor r = pos.index_select(0, nl.edge_index[1]) - pos.index_select(0, nl.edge_index[0]) + nl.shift_vectors;
+      min_pair = std::min(min_pair, r.norm(2, 1).min().item<double>());
     }
     mctx.avg_num_neighbors = atoms > 0 ? static_cast<double>(edges) / static_cast<double>(atoms) : 1.0;
-  }
-  double min_pair = std::numeric_limits<double>::infinity();
-  for (int64_t k = 0; k < train_ds->size(); ++k) {
-    const NeighborList& nl = train_ds->neighbor_list(k);
-    if (nl.num_edges() == 0) continue;
-    const at::Tensor pos = train[static_cast<size_t>(k)].positions.to(at::kDouble);
-    const at::Tensor r = pos.index_select(0, nl.edge_index[1]) - pos.index_select(0, nl.edge_index[0]) + nl.shift_vectors;
-    min_pair = std::min(min_pair, r.norm(2, 1).min().item<double>());
   }
   std::shared_ptr<EnergyModel> model;
   try {

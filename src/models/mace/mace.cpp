@@ -160,6 +160,14 @@ void MaceImpl::reset() {
     L.tp = std::make_shared<mace::ConvTensorProduct>(L.node, o.max_ell, L.target);
     const auto outs = irreps_of(L.out);
     L.table = std::make_shared<mace::MonomialTable>(mace::monomial_table(L.target, outs, o.correlation));
+    for (int nu = 1; nu <= L.table->max_nu; ++nu) {
+      std::vector<at::Tensor> rows;
+      for (const auto& cmat : L.table->coefficients[static_cast<size_t>(nu - 1)])
+        if (cmat.defined()) rows.push_back(cmat);
+      L.stacked_coefficients.push_back(rows.empty() ? at::Tensor() : at::cat(rows, 0));
+      L.monomial_indices.push_back(nu == 1 ? L.table->monomials[0].select(1, 0).contiguous()
+                                           : L.table->parents[static_cast<size_t>(nu - 1)]);
+    }
     for (size_t b = 0; b < outs.size(); ++b) {
       int64_t total = 0;
       for (int nu = 1; nu <= o.correlation; ++nu) {
@@ -328,15 +336,9 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Ten
       prod.push_back(mace::symmetric_contraction_reference(A, bases, wz[b]));
     }
   } else {
-    std::vector<at::Tensor> stacked, indices;
-    for (int nu = 1; nu <= L.table->max_nu; ++nu) {
-      std::vector<at::Tensor> rows;
-      for (const auto& cmat : L.table->coefficients[static_cast<size_t>(nu - 1)])
-        if (cmat.defined()) rows.push_back(cmat);
-      stacked.push_back(rows.empty() ? at::Tensor() : at::cat(rows, 0).to(A.options()));
-      indices.push_back(nu == 1 ? L.table->monomials[0].select(1, 0).to(A.device())
-                                : L.table->parents[static_cast<size_t>(nu - 1)].to(A.device()));
-    }
+    std::vector<at::Tensor> stacked, indices;  // in A's dtype and device
+    for (const auto& c : L.stacked_coefficients) stacked.push_back(c.defined() ? c.to(A.options()) : c);
+    for (const auto& i : L.monomial_indices) indices.push_back(i.to(A.device()));
     prod = mace::symmetric_contraction_fast(A, *L.table, stacked, indices, wz);
   }
   std::vector<at::Tensor> out;

@@ -89,6 +89,9 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
     std::shared_ptr<mace::ConvTensorProduct> tp;
     std::shared_ptr<mace::MonomialTable> table;
     std::vector<const mace::SymmetricBasis*> bases;  // [out][ν] flattened out·corr + ν-1
+    // Fast path, built once: per ν the outputs' coefficient rows stacked
+    // (float64, CPU; undefined if none) and the monomial indices.
+    std::vector<at::Tensor> stacked_coefficients, monomial_indices;
     size_t out_scalar = 0;  // index of 0e in `out`
   };
   at::Tensor element_index(const at::Tensor& atomic_numbers) const;

@@ -63,9 +63,6 @@ class ConvTensorProduct {
   at::Tensor messages_reference(const at::Tensor& x_sender, const at::Tensor& Y,
                                 const at::Tensor& weights) const;
 
-  /// Rows of each input term's table in the message (offsets), for tests.
-  const std::vector<std::vector<size_t>>& term_paths() const { return term_paths_; }
-
  private:
   Irreps in_, target_;
   int max_ell_ = 0;
