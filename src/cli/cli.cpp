@@ -129,6 +129,18 @@ int run(int argc, char** argv) {
               "precision and the recipe it was trained with.");
   info->add_option("path", info_path, "Run directory, or model.pt with model.json beside it")->required();
 
+  // export kim
+  ExportKimRequest export_kim;
+  CLI::App* export_cmd = app.add_subcommand("export", "Export a trained model for a simulator.");
+  export_cmd->require_subcommand(1);
+  CLI::App* export_kim_cmd = export_cmd->add_subcommand(
+      "kim", "Write a KIM portable model (with its model driver) for LAMMPS: "
+             "kim-api-collections-management install user DIR installs it");
+  export_kim_cmd->add_option("run_dir", export_kim.run_dir, "Run directory, or model.pt with model.json beside it")
+      ->required();
+  export_kim_cmd->add_option("--name", export_kim.name, "KIM model name (letters, digits, _)")->required();
+  export_kim_cmd->add_option("--out", export_kim.out_dir, "New or empty directory to write")->required();
+
   // config
   bool dump_default = false, markdown = false;
   std::string cfg_file;
@@ -233,6 +245,10 @@ int run(int argc, char** argv) {
     if (!e_write.empty()) eval.write_path = e_write;
     if (!e_parity.empty()) eval.parity_path = e_parity;
     run_evaluation(eval, std::cout, std::cerr);
+    return 0;
+  }
+  if (export_kim_cmd->parsed()) {
+    run_export_kim(export_kim, std::cout);
     return 0;
   }
   if (info->parsed()) {

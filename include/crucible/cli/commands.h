@@ -79,6 +79,26 @@ struct EvaluateRequest {
 /// @throws DataError naming the file for a missing or bad model.
 void run_info(const std::string& path, std::ostream& out);
 
+/// Options of `crucible export kim` (issue 17).
+struct ExportKimRequest {
+  std::string run_dir;  ///< run directory, or a model.pt with model.json beside it.
+  std::string name;     ///< KIM portable model name (a C identifier); the driver is NAME_driver.
+  std::string out_dir;  ///< new or empty directory to write.
+};
+/// `crucible export kim`: writes `out_dir`, a KIM item directory that
+/// `kim-api-collections-management install user OUT_DIR` builds and
+/// installs: the model driver NAME_driver (libcrucible_kim.so, Crucible's
+/// KIM driver, copied in) and the parameterized portable model NAME (in
+/// model/, with model.json and model.pt as its parameter files). Written
+/// to a temporary sibling and renamed, so a failure leaves nothing.
+/// Layout and physics: docs/deployment_kim.md.
+/// @throws ConfigError for a bad name or a build without the KIM driver,
+///         DataError for a bad model or an `out_dir` that exists and is not
+///         empty.
+void run_export_kim(const ExportKimRequest& request, std::ostream& out);
+/// Path of libcrucible_kim.so in the build tree; "" when built without
+/// libkim-api-dev. Never throws.
+std::string kim_engine_path();
 /// The run directory of PATH: PATH itself, or the folder of a model.pt.
 /// Never throws.
 std::string model_directory(const std::string& path);

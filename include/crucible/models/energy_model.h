@@ -26,6 +26,13 @@ class EnergyModel {
   virtual torch::nn::Module& module() = 0;
   /// Neighbor-list cutoff, Å.
   virtual double cutoff() const = 0;
+  /// Interaction range, Å: an atom's energy depends only on atoms within
+  /// this distance of it. num_interactions × cutoff for message passing
+  /// (each layer reaches one cutoff further); the default, cutoff(), holds
+  /// for a model without message passing. Domain decomposition (the KIM
+  /// model's influence distance, docs/deployment_kim.md) relies on it.
+  /// Never throws.
+  virtual double interaction_range() const { return cutoff(); }
   /// Short name ("schnet").
   virtual std::string name() const = 0;
   /// A deep copy (parameters, buffers, options) on the same device and

@@ -13,6 +13,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <vector>
+#include <algorithm>
 
 namespace crucible {
 
@@ -60,6 +61,8 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
   at::Tensor energy(const Batch& batch) override;
   torch::nn::Module& module() override { return *this; }
   double cutoff() const override { return options_.cutoff; }
+  /// max(1, num_interactions) × cutoff, Å.
+  double interaction_range() const override { return static_cast<double>(std::max<int64_t>(1, options_.num_interactions)) * options_.cutoff; }
   std::string name() const override { return "schnet"; }
   /// Deep copy through torch::nn::Cloneable::clone (same device and dtype).
   std::shared_ptr<EnergyModel> clone_model() const override;

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <algorithm>
 
 namespace crucible {
 
@@ -68,6 +69,8 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   at::Tensor energy(const Batch& batch) override;
   torch::nn::Module& module() override { return *this; }
   double cutoff() const override { return options_.cutoff; }
+  /// max(1, num_interactions) × cutoff, Å.
+  double interaction_range() const override { return static_cast<double>(std::max<int64_t>(1, options_.num_interactions)) * options_.cutoff; }
   std::string name() const override { return "mace"; }
   std::shared_ptr<EnergyModel> clone_model() const override;
   std::vector<int64_t> elements() const override { return options_.atomic_numbers; }

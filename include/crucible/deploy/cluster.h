@@ -1,0 +1,56 @@
+#pragma once
+// Energy, forces and virials of a cluster of atoms of which only some
+// contribute their energy: the compute of the KIM model (issue 17), where a
+// simulator passes its own atoms and the padding (ghost) atoms of its
+// domain. Design: docs/deployment_kim.md.
+
+#include "crucible/models/energy_model.h"
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace crucible {
+
+/// What evaluate_cluster computes besides energy and forces.
+struct ClusterOptions {
+  bool particle_energy = false;  ///< per-particle energies. Default false.
+  bool virial = false;           ///< the global virial. Default false.
+  bool particle_virial = false;  ///< per-particle virials. Default false.
+  /// Refuse two atoms closer than this, Å (the model's minimum distance,
+  /// model.json "min_distance_angstrom"). Unset = no check.
+  std::optional<double> min_distance;
+};
+
+/// Results of evaluate_cluster (CPU, float64).
+struct ClusterResult {
+  double energy = 0;        ///< Σ over contributing particles of their energies, eV.
+  at::Tensor forces;        ///< [n,3] eV/Å: -∂energy/∂r for every particle, padding included.
+  at::Tensor particle_energy;  ///< [n] eV: node energies of contributing particles, 0 for padding.
+  /// [6] eV, KIM's virial in Voigt order (xx yy zz yz xz xy):
+  /// V = Σ_e r_e ⊗ ∂E/∂r_e over the edges e of the cluster (r_e the edge
+  /// vector), symmetrised; equals -Σ_i r_i ⊗ F_i and, for a periodic
+  /// structure, stress × volume (ASE sign). LAMMPS's virial is -V.
+  at::Tensor virial;
+  /// [n,6] eV: each edge's r_e ⊗ ∂E/∂r_e split in halves between its two
+  /// atoms (as KIM's example pair drivers and LAMMPS's ev_tally split a
+  /// pair's virial); sums to `virial`, and is independent of the origin.
+  at::Tensor particle_virial;
+};
+
+/// Energy, forces and virials of the non-periodic cluster `positions`
+/// ([n,3] Å, float64) / `atomic_numbers` ([n] int64), where only particles
+/// with `contributing` ([n] bool) add their energy. Edges come from
+/// Crucible's neighbor list at model.cutoff() on all particles. A
+/// contributing atom's energy is exact as long as every atom within
+/// model.interaction_range() of it is in the cluster, which is what a
+/// domain decomposition with that influence distance guarantees; padding
+/// atoms' own energies are ignored. The model runs in its own dtype (load it
+/// in float64 for MD). No parameter gradients are kept.
+/// @throws std::invalid_argument on wrong shapes or dtypes, an element the
+///         model does not know (naming it and the known ones), or two atoms
+///         closer than options.min_distance (naming both and the distance).
+ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, const at::Tensor& atomic_numbers,
+                               const at::Tensor& contributing, const ClusterOptions& options);
+
+}  // namespace crucible

@@ -1,0 +1,193 @@
+// The KIM model driver of Crucible models (issue 17, deliverable 2):
+// libcrucible_kim.so, whose create routine crucible_kim_model_driver_create
+// the exported KIM items (`crucible export kim`) name. A parameterized
+// portable model supplies model.json and model.pt as its parameter files;
+// this driver loads them (in float64) and computes energy, forces,
+// per-atom energies and the global and per-atom virial for LAMMPS or any
+// KIM simulator, with the model's interaction range as influence distance.
+// Design: docs/deployment_kim.md; the physics is evaluate_cluster
+// (crucible/deploy/cluster.h).
+
+#include "crucible/cli/model_io.h"
+#include "crucible/data/extxyz.h"
+#include "crucible/deploy/cluster.h"
+
+#include "KIM_ModelDriverHeaders.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace crucible {
+namespace {
+
+/// What one KIM model instance holds.
+struct DriverBuffer {
+  LoadedModel loaded;            ///< the model, float64, eval mode.
+  double influence_distance = 0;  ///< Å: the model's interaction range.
+  double neighbor_cutoff = 0;     ///< Å: the model's cutoff (the list KIM is asked for).
+  int will_not_request_padding_neighbors = 1;  ///< Crucible builds its own edges.
+  std::vector<int64_t> code_to_z;  ///< KIM species code → atomic number.
+  std::string name;                ///< "crucible KIM model (schnet)", for messages.
+};
+
+/// Logs `message` through KIM and to stderr (LAMMPS shows only the latter).
+template <class Logger>
+void report(Logger* logger, const std::string& message, int line) {
+  logger->LogEntry(KIM::LOG_VERBOSITY::error, message, line, __FILE__);
+  std::cerr << "ERROR: " << message << "\n";
+}
+
+int compute_arguments_create(KIM::ModelCompute const* const, KIM::ModelComputeArgumentsCreate* const create) {
+  using namespace KIM::COMPUTE_ARGUMENT_NAME;
+  const KIM::SupportStatus optional = KIM::SUPPORT_STATUS::optional;
+  return create->SetArgumentSupportStatus(partialEnergy, optional) ||
+         create->SetArgumentSupportStatus(partialForces, optional) ||
+         create->SetArgumentSupportStatus(partialParticleEnergy, optional) ||
+         create->SetArgumentSupportStatus(partialVirial, optional) ||
+         create->SetArgumentSupportStatus(partialParticleVirial, optional);
+}
+
+int compute_arguments_destroy(KIM::ModelCompute const* const, KIM::ModelComputeArgumentsDestroy* const) { return 0; }
+
+void copy_out(const at::Tensor& t, double* dst) {
+  const at::Tensor c = t.contiguous();
+  std::memcpy(dst, c.data_ptr<double>(), static_cast<size_t>(c.numel()) * sizeof(double));
+}
+
+int compute(KIM::ModelCompute const* const model_compute, KIM::ModelComputeArguments const* const args) {
+  DriverBuffer* buffer = nullptr;
+  model_compute->GetModelBufferPointer(reinterpret_cast<void**>(&buffer));
+  using namespace KIM::COMPUTE_ARGUMENT_NAME;
+  int const* n_ptr = nullptr;
+  int const* species = nullptr;
+  int const* contributing = nullptr;
+  double const* coordinates_ptr = nullptr;
+  double* energy = nullptr;
+  double* forces = nullptr;
+  double* particle_energy = nullptr;
+  double* virial = nullptr;
+  double* particle_virial = nullptr;
+  if (args->GetArgumentPointer(numberOfParticles, &n_ptr) || args->GetArgumentPointer(particleSpeciesCodes, &species) ||
+      args->GetArgumentPointer(particleContributing, &contributing) ||
+      args->GetArgumentPointer(coordinates, &coordinates_ptr) || args->GetArgumentPointer(partialEnergy, &energy) ||
+      args->GetArgumentPointer(partialForces, &forces) ||
+      args->GetArgumentPointer(partialParticleEnergy, &particle_energy) ||
+      args->GetArgumentPointer(partialVirial, &virial) ||
+      args->GetArgumentPointer(partialParticleVirial, &particle_virial)) {
+    report(model_compute, buffer->name + ": could not get the compute arguments", __LINE__);
+    return 1;
+  }
+  try {
+    const int64_t n = *n_ptr;
+    at::Tensor positions = at::empty({n, 3}, at::kDouble);
+    std::memcpy(positions.data_ptr<double>(), coordinates_ptr, static_cast<size_t>(n) * 3 * sizeof(double));
+    at::Tensor z = at::empty({n}, at::kLong);
+    at::Tensor mask = at::empty({n}, at::kBool);
+    int64_t* zp = z.data_ptr<int64_t>();
+    bool* mp = mask.data_ptr<bool>();
+    for (int64_t i = 0; i < n; ++i) {
+      zp[i] = buffer->code_to_z.at(static_cast<size_t>(species[i]));
+      mp[i] = contributing[i] != 0;
+    }
+    ClusterOptions options;
+    options.particle_energy = particle_energy != nullptr;
+    options.virial = virial != nullptr;
+    options.particle_virial = particle_virial != nullptr;
+    options.min_distance = buffer->loaded.meta.min_distance;
+    const ClusterResult r = evaluate_cluster(*buffer->loaded.model, positions, z, mask, options);
+    if (energy) *energy = r.energy;
+    if (forces) copy_out(r.forces, forces);
+    if (particle_energy) copy_out(r.particle_energy, particle_energy);
+    if (virial) copy_out(r.virial, virial);
+    if (particle_virial) copy_out(r.particle_virial, particle_virial);
+  } catch (const std::exception& e) {
+    report(model_compute, buffer->name + ": " + e.what(), __LINE__);
+    return 1;
+  }
+  return 0;
+}
+
+int destroy(KIM::ModelDestroy* const model_destroy) {
+  DriverBuffer* buffer = nullptr;
+  model_destroy->GetModelBufferPointer(reinterpret_cast<void**>(&buffer));
+  delete buffer;
+  return 0;
+}
+
+/// Loads the model from the parameter files (model.json and model.pt, in
+/// that order or the other). @throws DataError / std::runtime_error.
+LoadedModel load_from_parameter_files(KIM::ModelDriverCreate* const create) {
+  int count = 0;
+  create->GetNumberOfParameterFiles(&count);
+  std::string const* directory = nullptr;
+  create->GetParameterFileDirectoryName(&directory);
+  bool json = false, pt = false;
+  for (int k = 0; k < count; ++k) {
+    std::string const* basename = nullptr;
+    create->GetParameterFileBasename(k, &basename);
+    json = json || *basename == "model.json";
+    pt = pt || *basename == "model.pt";
+  }
+  if (!json || !pt || directory == nullptr) {
+    throw std::runtime_error("the KIM model's parameter files must be model.json and model.pt (from `crucible export kim`), got " +
+                             std::to_string(count) + " other files");
+  }
+  return load_model(*directory);
+}
+
+}  // namespace
+}  // namespace crucible
+
+/// KIM::ModelDriverCreateFunction: metal units (Å, eV), one neighbor list at
+/// the model's cutoff, influence distance = the model's interaction range,
+/// one species code per element the model was trained on. No Refresh
+/// routine: the model publishes no parameters to change (KIM allows Refresh
+/// only with parameter pointers).
+extern "C" int crucible_kim_model_driver_create(KIM::ModelDriverCreate* const create, KIM::LengthUnit const,
+                                                KIM::EnergyUnit const, KIM::ChargeUnit const,
+                                                KIM::TemperatureUnit const, KIM::TimeUnit const) {
+  using namespace crucible;
+  auto buffer = std::make_unique<DriverBuffer>();
+  try {
+    buffer->loaded = load_from_parameter_files(create);
+    buffer->loaded.model->module().to(at::kDouble);
+    buffer->loaded.model->module().eval();
+  } catch (const std::exception& e) {
+    report(create, std::string("crucible KIM model: ") + e.what(), __LINE__);
+    return 1;
+  }
+  EnergyModel& model = *buffer->loaded.model;
+  buffer->name = "crucible KIM model (" + buffer->loaded.meta.model_type + ")";
+  buffer->neighbor_cutoff = model.cutoff();
+  buffer->influence_distance = model.interaction_range();
+  int error = create->SetUnits(KIM::LENGTH_UNIT::A, KIM::ENERGY_UNIT::eV, KIM::CHARGE_UNIT::unused,
+                               KIM::TEMPERATURE_UNIT::unused, KIM::TIME_UNIT::unused) ||
+              create->SetModelNumbering(KIM::NUMBERING::zeroBased);
+  int code = 0;
+  for (int64_t z : buffer->loaded.meta.atomic_numbers) {
+    error = error || create->SetSpeciesCode(KIM::SpeciesName(chemical_symbol(z)), code++);
+    buffer->code_to_z.push_back(z);
+  }
+  create->SetInfluenceDistancePointer(&buffer->influence_distance);
+  create->SetNeighborListPointers(1, &buffer->neighbor_cutoff, &buffer->will_not_request_padding_neighbors);
+  using namespace KIM::MODEL_ROUTINE_NAME;
+  const KIM::LanguageName cpp = KIM::LANGUAGE_NAME::cpp;
+  error = error ||
+          create->SetRoutinePointer(ComputeArgumentsCreate, cpp, true,
+                                    reinterpret_cast<KIM::Function*>(compute_arguments_create)) ||
+          create->SetRoutinePointer(Compute, cpp, true, reinterpret_cast<KIM::Function*>(compute)) ||
+          create->SetRoutinePointer(ComputeArgumentsDestroy, cpp, true,
+                                    reinterpret_cast<KIM::Function*>(compute_arguments_destroy)) ||
+          create->SetRoutinePointer(Destroy, cpp, true, reinterpret_cast<KIM::Function*>(destroy));
+  if (error) {
+    report(create, buffer->name + ": the KIM API refused the model's settings", __LINE__);
+    return 1;
+  }
+  create->SetModelBufferPointer(buffer.release());
+  return 0;
+}
