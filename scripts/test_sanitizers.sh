@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DCRUCIBLE_BUILD_BENCH=OFF \
-  -DCRUCIBLE_BUILD_PYTHON=OFF -DCRUCIBLE_SANITIZE=address,undefined >/dev/null
+  -DCRUCIBLE_BUILD_PYTHON=OFF -DCRUCIBLE_BUILD_KIM=OFF -DCRUCIBLE_SANITIZE=address,undefined >/dev/null
 if [ "${1:-}" = "--quick" ]; then
   cmake --build build-asan --target test_data test_checkpoint -- -j"$(nproc)"
 else
