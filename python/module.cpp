@@ -98,7 +98,7 @@ class Model {
     at::Tensor node;
     {
       py::gil_scoped_release release;  // autograd runs without the GIL
-      check_elements(s);
+      check_known_elements(loaded_.meta.atomic_numbers, s.atomic_numbers);
       StructureLimits limits;  // the model's minimum distance (model.json)
       if (loaded_.meta.min_distance) limits.min_distance = *loaded_.meta.min_distance;
       check_structures({s}, "structure", limits);
@@ -120,20 +120,6 @@ class Model {
   }
 
  private:
-  void check_elements(const Structure& s) const {
-    const auto& known = loaded_.meta.atomic_numbers;
-    const at::Tensor z = s.atomic_numbers;
-    for (int64_t a = 0; a < z.numel(); ++a) {
-      const int64_t v = z[a].item<int64_t>();
-      if (std::find(known.begin(), known.end(), v) == known.end()) {
-        std::string list;
-        for (int64_t k : known) list += (list.empty() ? "" : " ") + chemical_symbol(k);
-        throw std::invalid_argument("atom " + std::to_string(a) + " is " + (v >= 1 && v <= 118 ? chemical_symbol(v) : std::to_string(v)) +
-                                    ", an element the model was not trained on (it knows " + list + ")");
-      }
-    }
-  }
-
   LoadedModel loaded_;
   at::ScalarType dtype_ = at::kDouble;
 };

@@ -3,11 +3,14 @@
 #include "crucible/data/structure_checks.h"
 
 #include "crucible/common/error.h"
+#include "crucible/data/extxyz.h"
 #include "crucible/neighbors/neighbor_list.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 namespace crucible {
 
@@ -85,6 +88,20 @@ void check_structures(const std::vector<Structure>& structures, const std::strin
                          r.norm().item<double>()));
       }
     }
+  }
+}
+
+void check_known_elements(const std::vector<int64_t>& known, const at::Tensor& atomic_numbers) {
+  if (known.empty()) return;
+  auto name = [](int64_t z) { return z >= 1 && z <= 118 ? chemical_symbol(z) : "Z=" + std::to_string(z); };
+  const at::Tensor z = atomic_numbers.to(at::kCPU).contiguous();
+  const int64_t* zp = z.data_ptr<int64_t>();
+  for (int64_t a = 0; a < z.numel(); ++a) {
+    if (std::find(known.begin(), known.end(), zp[a]) != known.end()) continue;
+    std::string list;
+    for (int64_t k : known) list += (list.empty() ? "" : " ") + name(k);
+    throw std::invalid_argument("atom " + std::to_string(a) + " is " + name(zp[a]) +
+                                ", an element the model was not trained on (it knows " + list + ")");
   }
 }
 

@@ -3,7 +3,7 @@
 #include "crucible/deploy/cluster.h"
 
 #include "crucible/data/batch.h"
-#include "crucible/data/extxyz.h"
+#include "crucible/data/structure_checks.h"
 #include "crucible/neighbors/neighbor_list.h"
 
 #include <ATen/ATen.h>
@@ -16,22 +16,6 @@
 namespace crucible {
 
 namespace {
-
-std::string element_name(int64_t z) { return z >= 1 && z <= 118 ? chemical_symbol(z) : "Z=" + std::to_string(z); }
-
-void check_elements(const EnergyModel& model, const at::Tensor& atomic_numbers) {
-  const std::vector<int64_t> known = model.elements();
-  if (known.empty()) return;
-  const at::Tensor z = atomic_numbers.contiguous();
-  const int64_t* zp = z.data_ptr<int64_t>();
-  for (int64_t a = 0; a < z.numel(); ++a) {
-    if (std::binary_search(known.begin(), known.end(), zp[a])) continue;
-    std::string list;
-    for (int64_t k : known) list += (list.empty() ? "" : " ") + element_name(k);
-    throw std::invalid_argument("atom " + std::to_string(a) + " is " + element_name(zp[a]) +
-                                ", an element the model was not trained on (it knows " + list + ")");
-  }
-}
 
 /// The closest pair among the edges, refused if closer than `min_distance`.
 void check_min_distance(const at::Tensor& positions, const NeighborList& nl, double min_distance) {
@@ -72,7 +56,7 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
     throw std::invalid_argument("evaluate_cluster: contributing must be [n] bool");
   }
   const at::Tensor pos_cpu = positions.to(at::kCPU).contiguous();
-  check_elements(model, atomic_numbers.to(at::kCPU));
+  check_known_elements(model.elements(), atomic_numbers);
 
   Structure s;
   s.positions = pos_cpu;

@@ -5,6 +5,9 @@
 
 #include "crucible/data/structure.h"
 
+#include <ATen/ATen.h>
+
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -36,5 +39,12 @@ struct StructureLimits {
 ///   when it has none), naming both atoms of a too-close pair.
 void check_structures(const std::vector<Structure>& structures, const std::string& key,
                       const StructureLimits& limits = {});
+
+/// Refuses an atom whose element is not in `known` (ascending atomic
+/// numbers; empty = any): "atom 1 is Cu, an element the model was not
+/// trained on (it knows Al Ti)". `atomic_numbers`: [N] int64. Used by the
+/// inference paths (the Python calculator, the KIM model).
+/// @throws std::invalid_argument with that message.
+void check_known_elements(const std::vector<int64_t>& known, const at::Tensor& atomic_numbers);
 
 }  // namespace crucible
