@@ -110,7 +110,7 @@ void run_info(const std::string& path, std::ostream& out) {
   out << fmt::format("hyperparameters {}\n", m.hyperparameters.dump());
   out << fmt::format("parameters      {}\n", params);
   out << fmt::format("elements        {}\n", elements);
-  out << fmt::format("E0 (eV)         {}\n", e0);
+  out << fmt::format("E0 (eV)         {}{}\n", e0, m.e0_source.empty() ? "" : " (" + m.e0_source + ")");
   out << fmt::format("scale, shift    {:.6g} eV, {:.6g} eV/atom\n", m.scale, m.shift);
   out << fmt::format("cutoff          {} Å\n", loaded.model->cutoff());
   out << fmt::format("dtype           {}\n", m.dtype);

@@ -89,6 +89,7 @@ void save_model(const std::string& run_dir, EnergyModel& model, const ModelMetad
   j["elements"] = elements;
   j["atomic_numbers"] = zs;
   j["e0_eV"] = e0;
+  if (!meta.e0_source.empty()) j["e0_source"] = meta.e0_source;
   j["scale_eV"] = meta.scale;
   j["shift_eV_per_atom"] = meta.shift;
   if (meta.min_distance) j["min_distance_angstrom"] = *meta.min_distance;
@@ -145,6 +146,7 @@ LoadedModel load_model(const std::string& run_dir) {
     for (const auto& [sym, v] : j.at("e0_eV").items()) meta.e0[atomic_number(sym)] = v.get<double>();
     meta.scale = j.at("scale_eV").get<double>();
     meta.shift = j.at("shift_eV_per_atom").get<double>();
+    if (j.contains("e0_source")) meta.e0_source = j.at("e0_source").get<std::string>();
     if (j.contains("min_distance_angstrom")) meta.min_distance = j.at("min_distance_angstrom").get<double>();
     if (j.contains("data")) {
       const auto& d = j.at("data");

@@ -428,7 +428,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
                      config.data.energy_unit.to_string(), config.data.forces_unit.to_string(),
                      config.data.stress_unit.to_string());
   out << fmt::format("  elements   {}\n", elem_text);
-  out << fmt::format("  E0 (eV)    {}\n", e0_text);
+  out << fmt::format("  E0 (eV)    {} ({})\n", e0_text, setup.e0_source);
   out << fmt::format("  scale      {:.6g} eV, shift {:.6g} eV/atom\n", scale, shift);
   {
     // The model.type's own keys (issue 16), then the cutoff.
@@ -646,6 +646,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   meta.dtype = dtype_name;
   meta.atomic_numbers.assign(elements.begin(), elements.end());
   for (int64_t z : elements) meta.e0[z] = e0[z].item<double>();
+  meta.e0_source = setup.e0_source;
   meta.scale = scale;
   meta.shift = shift;
   if (std::isfinite(setup.min_pair_distance)) meta.min_distance = 0.5 * setup.min_pair_distance;

@@ -1,6 +1,8 @@
 // build_training / load_training_from_checkpoint: a run from its recipe.
 
 #include "crucible/cli/training_setup.h"
+
+#include "crucible/cli/e0s.h"
 #include "crucible/models/energy_normalization.h"
 #include "crucible/models/registry.h"
 
@@ -101,12 +103,18 @@ TrainingSetup build_training(const Config& input_config,
   const std::string train_path = resolve_data_path(config.data.train_file, "data.train_file");
   config.data.train_file = train_path;
   std::vector<Structure> all = read_file(train_path, config.data, "data.train_file");
+  // data.e0s isolated: the isolated-atom frames give the E0s and are
+  // neither trained nor validated on (issue 18).
+  const bool isolated_e0s = config.data.e0s.mode == "isolated";
+  std::vector<Structure> isolated;
+  if (isolated_e0s) isolated = take_isolated_atoms(all);
   std::vector<Structure> train, valid;
   std::string split_text;
   if (config.data.valid_file) {
     const std::string valid_path = resolve_data_path(*config.data.valid_file, "data.valid_file");
     config.data.valid_file = valid_path;
     valid = read_file(valid_path, config.data, "data.valid_file");
+    if (isolated_e0s) (void)take_isolated_atoms(valid);
     train = std::move(all);
     split_text = "validation file " + valid_path;
   } else {
@@ -209,8 +217,9 @@ TrainingSetup build_training(const Config& input_config,
   }
 
   // ---- normalization from the training structures only.
-  at::Tensor e0 = at::zeros({119}, at::kDouble);
-  if (tl.energy > 0) e0 = fit_reference_energies(train, 118);
+  const E0Choice e0_choice = choose_e0s(config.data.e0s, train, isolated, elements);
+  if (!e0_choice.warning.empty()) err << "crucible: warning: " << e0_choice.warning << "\n";
+  const at::Tensor e0 = e0_choice.e0;
   const auto [scale, shift] = fit_energy_scale_shift(train, e0);
 
   // ---- datasets, model, strategy (all may still reject the config).
@@ -336,6 +345,7 @@ TrainingSetup build_training(const Config& input_config,
     s.warnings.push_back(line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : line);
   }
   s.e0 = e0;
+  s.e0_source = e0_choice.source;
   s.scale = scale;
   s.shift = shift;
   s.model = model;

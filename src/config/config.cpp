@@ -4,6 +4,7 @@
 #include "crucible/config/config.h"
 
 #include "crucible/common/error.h"
+#include "crucible/data/extxyz.h"
 #include "crucible/models/registry.h"
 #include "crucible/losses/loss.h"
 #include "crucible/losses/loss_weight_schedule.h"
@@ -135,7 +136,7 @@ namespace {
 
 // --------------------------------------------------------------- schema ----
 
-enum class Kind { kString, kOptString, kInt, kOptInt, kFloat, kBool, kUnit, kWeightMap, kIntList };
+enum class Kind { kString, kOptString, kInt, kOptInt, kFloat, kBool, kUnit, kWeightMap, kIntList, kE0s };
 
 struct Key {
   std::string path;
@@ -234,6 +235,17 @@ std::vector<Key> build_schema() {
                    [](Config& c) -> void* { return &c.data.stress_unit; });
     key.unit_quantity = UnitQuantity::kStress;
   }
+
+  add("data.e0s", Kind::kE0s, "eV",
+      "Per-element reference energies E0, subtracted before the model learns the rest (MACE: "
+      "E0s). least_squares: fit on the training energies (a warning names elements that every "
+      "structure has in the same proportions, whose split is then NumPy's minimum-norm "
+      "solution); isolated: the energies of the training file's isolated-atom frames "
+      "(config_type=IsolatedAtom, or one atom without periodicity), which are then removed from "
+      "training and validation; zero; a map of element to eV, e.g. {Ti: -2.1, Al: -3.4}; or a "
+      "JSON file (*.json) holding such a map (keys: symbols or atomic numbers). An element of "
+      "the training data without an E0 is an error.",
+      [](Config& c) -> void* { return &c.data.e0s; });
 
   // model: the type and cutoff here; every other key belongs to a
   // registered model (crucible/models/registry.h) as model.<type>.<name>.
@@ -977,6 +989,47 @@ void set_value(Config& config, const Key& key, const YAML::Node& node, const Sou
       as<std::vector<int64_t>>(p) = std::move(out);
       return;
     }
+    case Kind::kE0s: {
+      const std::string expected =
+          "least_squares, isolated, zero, a JSON file (*.json) or a map of element to eV, e.g. {Ti: -2.1, Al: -3.4}";
+      E0Setting out;
+      if (is_plain_scalar(node)) {
+        const std::string& v = node.Scalar();
+        if (v == "least_squares" || v == "isolated" || v == "zero") {
+          out.mode = v;
+        } else if (v.size() > 5 && v.compare(v.size() - 5, 5, ".json") == 0 && v.size() <= kMaxConfigStringLength) {
+          out.mode = "file";
+          out.file = v;
+        } else {
+          type_error(key, expected, node, src);
+        }
+      } else if (node.IsMap()) {
+        out.mode = "map";
+        for (const auto& kv : node) {
+          if (!kv.first.IsScalar()) type_error(key, expected, node, src);
+          const std::string name = kv.first.Scalar();
+          std::string symbol;
+          try {
+            const auto z = parse_int(name);
+            symbol = z ? chemical_symbol(*z) : chemical_symbol(atomic_number(name));
+          } catch (const DataError&) {
+            throw ConfigError(key.path + " keys must be chemical symbols or atomic numbers, got '" +
+                              name.substr(0, 40) + "'" + src.where(kv.first));
+          }
+          const std::string entry = key.path + "." + symbol;
+          const auto v = is_plain_scalar(kv.second) ? parse_float(kv.second.Scalar()) : std::nullopt;
+          if (!v) throw ConfigError(entry + " must be a finite number (eV), got " + describe(kv.second) + src.where(kv.second));
+          if (!out.values.emplace(symbol, *v).second) {
+            throw ConfigError("duplicate key '" + entry + "'" + src.where(kv.first));
+          }
+        }
+        if (out.values.empty()) type_error(key, expected, node, src);
+      } else {
+        type_error(key, expected, node, src);
+      }
+      as<E0Setting>(p) = std::move(out);
+      return;
+    }
     case Kind::kWeightMap: {
       const std::string expected = "a mapping of names to numbers >= 0, e.g. {bulk: 2.0}";
       if (node.IsNull()) {
@@ -1111,6 +1164,14 @@ std::string value_text(const Key& key, const Config& config) {
       for (int64_t v : as<std::vector<int64_t>>(p)) out += (out.empty() ? "" : ", ") + std::to_string(v);
       return "[" + out + "]";
     }
+    case Kind::kE0s: {
+      const auto& e = as<E0Setting>(p);
+      if (e.mode == "file") return quote(e.file);
+      if (e.mode != "map") return e.mode;
+      std::string out;
+      for (const auto& [name, v] : e.values) out += (out.empty() ? "" : ", ") + name + ": " + format_number(v);
+      return "{" + out + "}";
+    }
     case Kind::kWeightMap: {
       std::string out;
       for (const auto& [name, w] : as<std::map<std::string, double>>(p)) {
@@ -1140,6 +1201,8 @@ std::string type_name(const Key& key) {
       return "unit name or number";
     case Kind::kWeightMap:
       return "mapping of name to number";
+    case Kind::kE0s:
+      return "least_squares | isolated | zero | JSON file | mapping of element to eV";
     case Kind::kIntList:
       return "list of integers";
   }
@@ -1758,6 +1821,14 @@ nlohmann::ordered_json spec_value(const Key& key, const Config& config) {
     }
     case Kind::kIntList:
       return as<std::vector<int64_t>>(p);
+    case Kind::kE0s: {
+      const auto& e = as<E0Setting>(p);
+      if (e.mode == "file") return e.file;
+      if (e.mode != "map") return e.mode;
+      nlohmann::ordered_json m = nlohmann::ordered_json::object();
+      for (const auto& [name, v] : e.values) m[name] = v;
+      return m;
+    }
     case Kind::kWeightMap: {
       nlohmann::ordered_json m = nlohmann::ordered_json::object();
       for (const auto& [name, w] : as<std::map<std::string, double>>(p)) m[name] = w;

@@ -5,7 +5,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -49,6 +52,42 @@ at::Tensor fit_reference_energies(const std::vector<Structure>& structures, int6
   const at::Tensor solution = std::get<0>(at::linalg_lstsq(A, energies, c10::nullopt, "gelsd"));
   result.index_copy_(0, present, solution.squeeze(1));
   return result;
+}
+
+std::vector<int64_t> inseparable_elements(const std::vector<Structure>& structures) {
+  std::vector<std::vector<double>> rows;
+  std::set<int64_t> present;
+  std::vector<std::map<int64_t, double>> counts;
+  for (const auto& s : structures) {
+    if (!s.energy.has_value()) continue;
+    std::map<int64_t, double> c;
+    const at::Tensor z = s.atomic_numbers.to(at::kCPU, at::kLong).contiguous();
+    for (int64_t a = 0; a < z.numel(); ++a) c[z.data_ptr<int64_t>()[a]] += 1.0;
+    for (const auto& [zz, n] : c) present.insert(zz);
+    counts.push_back(std::move(c));
+  }
+  const std::vector<int64_t> elements(present.begin(), present.end());
+  const auto P = static_cast<int64_t>(elements.size()), S = static_cast<int64_t>(counts.size());
+  if (P == 0) return {};
+  at::Tensor A = at::zeros({S, P}, at::kDouble);
+  auto a = A.accessor<double, 2>();
+  for (int64_t i = 0; i < S; ++i)
+    for (int64_t k = 0; k < P; ++k) {
+      auto it = counts[static_cast<size_t>(i)].find(elements[static_cast<size_t>(k)]);
+      if (it != counts[static_cast<size_t>(i)].end()) a[i][k] = it->second;
+    }
+  // Null space of A: the rows of Vh beyond the numerical rank (as
+  // numpy.linalg.matrix_rank's tolerance).
+  const auto svd = at::linalg_svd(A, /*full_matrices=*/true);
+  const at::Tensor sv = std::get<1>(svd), vh = std::get<2>(svd);
+  const double tol = sv.numel() ? sv.max().item<double>() * static_cast<double>(std::max(S, P)) * 2.220446049250313e-16 : 0.0;
+  const int64_t rank = sv.gt(tol).sum().item<int64_t>();
+  std::vector<int64_t> out;
+  if (rank >= P) return out;
+  const at::Tensor null_rows = vh.slice(0, rank).abs().amax(0);  // [P]
+  for (int64_t k = 0; k < P; ++k)
+    if (null_rows[k].item<double>() > 1e-8) out.push_back(elements[static_cast<size_t>(k)]);
+  return out;
 }
 
 std::pair<double, double> fit_energy_scale_shift(const std::vector<Structure>& structures,

@@ -23,6 +23,7 @@ struct ModelMetadata {
   std::string dtype = "float32";      ///< "float32" or "float64": dtype of model.pt.
   std::vector<int64_t> atomic_numbers;  ///< elements seen in training, ascending Z.
   std::map<int64_t, double> e0;       ///< reference energy per element, eV.
+  std::string e0_source;              ///< where the E0s came from (data.e0s), "" = not recorded.
   double scale = 1.0;                 ///< energy scale, eV.
   double shift = 0.0;                 ///< energy shift, eV/atom.
   /// The model's minimum interatomic distance, Å: half the closest pair of

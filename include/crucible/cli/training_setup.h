@@ -52,6 +52,7 @@ struct TrainingSetup {
   std::set<int64_t> elements;           ///< atomic numbers of the training set.
   std::vector<std::string> warnings;    ///< e.g. dropped loss terms, unseen elements.
   at::Tensor e0;                        ///< [119] float64 eV, index = Z (MACE E0s).
+  std::string e0_source;                ///< where the E0s came from (data.e0s; model.json e0_source).
   double scale = 1, shift = 0;          ///< eV, eV/atom (fit_energy_scale_shift).
   /// Closest pair of atoms within the cutoff in the training split, Å
   /// (infinity without pairs); model.json records half of it.

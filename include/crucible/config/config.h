@@ -54,6 +54,18 @@ std::optional<double> named_unit_factor(UnitQuantity quantity, const std::string
 std::vector<std::string> unit_names(UnitQuantity quantity);
 
 /// `data` section: which files to read and how to interpret them.
+/// data.e0s (issue 18): where the per-element reference energies E0 come
+/// from. `mode` is least_squares (fit on the training energies), isolated
+/// (isolated-atom frames of the training file), zero, map (`values`) or
+/// file (`file`, a JSON object of element (symbol or Z) to eV).
+struct E0Setting {
+  std::string mode = "least_squares";
+  std::map<std::string, double> values;  ///< mode map: element symbol → eV.
+  std::string file;                      ///< mode file: JSON path.
+  bool operator==(const E0Setting& o) const { return mode == o.mode && values == o.values && file == o.file; }
+  bool operator!=(const E0Setting& o) const { return !(*this == o); }
+};
+
 struct DataConfig {
   std::string train_file = "data/alloy_TiAl/TiAl_tutorial.xyz";  ///< extxyz path.
   std::optional<std::string> valid_file;  ///< extxyz path; unset = split train_file.
@@ -66,6 +78,7 @@ struct DataConfig {
   UnitSetting energy_unit{"eV", 1.0};     ///< file energy unit (also virials).
   UnitSetting forces_unit{"eV/Å", 1.0};   ///< file force unit.
   UnitSetting stress_unit{"eV/Å^3", 1.0}; ///< file stress unit.
+  E0Setting e0s;                          ///< reference energies E0 (data.e0s).
 };
 
 /// `model` section: the architecture and its hyperparameters. The config

@@ -23,6 +23,13 @@ namespace crucible {
 /// structure has an energy, max_z < 1, or an atomic number is outside 0..max_z.
 at::Tensor fit_reference_energies(const std::vector<Structure>& structures, int64_t max_z = 118);
 
+/// Elements whose reference energies the structures with an energy cannot
+/// separate: those with a non-zero entry in a null vector of the count
+/// matrix [S, P] (numerical rank as numpy.linalg.matrix_rank), e.g. Al and
+/// Ti when every structure is Ti:Al 1:1. Ascending; empty for a full-rank
+/// fit. Never throws for valid structures.
+std::vector<int64_t> inseparable_elements(const std::vector<Structure>& structures);
+
 /// Energy normalization from data: shift = mean per-atom residual energy
 /// (E - ΣE0)/N and scale = RMS of force components (MACE's
 /// "rms_forces_scaling"; falls back to the std of the per-atom residual
