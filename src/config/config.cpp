@@ -993,7 +993,7 @@ void set_value(Config& config, const Key& key, const YAML::Node& node, const Sou
       const std::string expected =
           "least_squares, isolated, zero, a JSON file (*.json) or a map of element to eV, e.g. {Ti: -2.1, Al: -3.4}";
       E0Setting out;
-      if (is_plain_scalar(node)) {
+      if (node.IsScalar()) {
         const std::string& v = node.Scalar();
         if (v == "least_squares" || v == "isolated" || v == "zero") {
           out.mode = v;
