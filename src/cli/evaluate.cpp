@@ -3,6 +3,7 @@
 #include "crucible/cli/commands.h"
 #include "crucible/cli/training_setup.h"
 #include "crucible/cli/model_io.h"
+#include "crucible/cli/label_keys.h"
 #include "crucible/cli/parity_plot.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
@@ -159,6 +160,20 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
   check_structures(structures, "--data", limits);
   if (structures.empty()) {
     throw DataError(path + ": --data must contain at least one structure, got none");
+  }
+  // Issue 18: keys that match nothing are an error (unless only predictions
+  // are asked for), listing the file's keys.
+  {
+    bool energy = false, forces = false;
+    for (const auto& s : structures) {
+      energy = energy || s.energy.has_value();
+      forces = forces || s.forces.has_value();
+    }
+    if (!energy && !forces && !req.write_path) {
+      throw DataError(missing_label_message(structures, path, LabelKind::kEnergy, d) + "; and " +
+                      missing_label_message(structures, path, LabelKind::kForces, d).substr(path.size() + 2) +
+                      " (or give --write to only write predictions)");
+    }
   }
   int64_t atoms = 0;
   std::set<int64_t> zs;

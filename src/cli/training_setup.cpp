@@ -3,6 +3,7 @@
 #include "crucible/cli/training_setup.h"
 
 #include "crucible/cli/e0s.h"
+#include "crucible/cli/label_keys.h"
 #include "crucible/models/energy_normalization.h"
 #include "crucible/models/registry.h"
 
@@ -139,10 +140,16 @@ TrainingSetup build_training(const Config& input_config,
 
   const LabelCounts tl = count_labels(train);
   const LabelCounts vl = count_labels(valid);
-  if (tl.energy == 0 && tl.forces == 0) {
-    throw DataError(train_path + ": training structures must have energy ('" +
-                    config.data.energy_key + "') or forces labels, got neither (check "
-                    "data.energy_key / data.forces_key)");
+  // Issue 18: a label with a positive loss weight must be in the data; the
+  // message lists the file's keys and the MACE name that would match.
+  const auto& lw = tc.loss;
+  if (tl.energy == 0 && (max_loss_weight(lw, "energy") > 0 || tl.forces == 0)) {
+    throw DataError(missing_label_message(train, train_path, LabelKind::kEnergy, config.data) +
+                    (tl.forces > 0 ? "; or set training.loss.energy_weight=0 to train on forces only" : ""));
+  }
+  if (tl.forces == 0 && max_loss_weight(lw, "forces") > 0) {
+    throw DataError(missing_label_message(train, train_path, LabelKind::kForces, config.data) +
+                    "; or set training.loss.forces_weight=0 to train on energies only");
   }
   std::set<int64_t> elements, valid_elements;
   for (const auto& s : train) {

@@ -739,6 +739,7 @@ std::vector<Structure> read_frames(LineReader& reader, const std::string& path, 
     if (layout.columns.empty() || properties != layout.properties) {
       layout = parse_properties(properties, options, path, comment_line);
     }
+    for (const auto& col : layout.columns) s.columns.push_back(col.name);
 
     // The atom count must fit in the bytes that are left: every atom line has
     // `total` tokens of at least one character, each followed by a space or

@@ -38,6 +38,9 @@ struct Structure {
   /// Extra per-atom columns [N, k] (any float dtype) that write_extxyz adds
   /// as name:R:k (e.g. crucible_forces, crucible_energies); not read back.
   std::vector<std::pair<std::string, at::Tensor>> arrays;
+  /// Names of the frame's Properties columns as read (species, pos, forces,
+  /// ...), for messages about missing keys; empty for other sources.
+  std::vector<std::string> columns;
   /// Where the frame came from, "file:line" of its comment line (for errors).
   std::string source;
 
