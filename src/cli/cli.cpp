@@ -129,6 +129,18 @@ int run(int argc, char** argv) {
               "precision and the recipe it was trained with.");
   info->add_option("path", info_path, "Run directory, or model.pt with model.json beside it")->required();
 
+  // convert
+  ConvertRequest convert;
+  CLI::App* convert_cmd = app.add_subcommand(
+      "convert", "Convert structures between extended XYZ and DeePMD npy systems (issue 18)");
+  convert_cmd->add_option("input", convert.input, "extxyz file or DeePMD system directory")->required();
+  convert_cmd->add_option("output", convert.output, ".xyz/.extxyz file, or a new directory for DeePMD")->required();
+  convert_cmd->add_option("--from", convert.from, "Input format: auto, extxyz, deepmd")
+      ->check(CLI::IsMember({"auto", "extxyz", "deepmd"}));
+  convert_cmd->add_option("--to", convert.to, "Output format: auto (by extension), extxyz, deepmd")
+      ->check(CLI::IsMember({"auto", "extxyz", "deepmd"}));
+  convert_cmd->add_option("overrides", convert.overrides, "data.* keys and units of the input, e.g. data.energy_key=dft_energy");
+
   // export kim
   ExportKimRequest export_kim;
   CLI::App* export_cmd = app.add_subcommand("export", "Export a trained model for a simulator.");
@@ -245,6 +257,10 @@ int run(int argc, char** argv) {
     if (!e_write.empty()) eval.write_path = e_write;
     if (!e_parity.empty()) eval.parity_path = e_parity;
     run_evaluation(eval, std::cout, std::cerr);
+    return 0;
+  }
+  if (convert_cmd->parsed()) {
+    run_convert(convert, std::cout);
     return 0;
   }
   if (export_kim_cmd->parsed()) {

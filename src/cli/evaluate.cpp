@@ -4,6 +4,7 @@
 #include "crucible/cli/training_setup.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/cli/label_keys.h"
+#include "crucible/data/formats.h"
 #include "crucible/cli/parity_plot.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
@@ -154,7 +155,7 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
   const DataConfig& d = config.data;
 
   const std::string path = resolve_data_path(req.data_file, "--data");
-  std::vector<Structure> structures = read_extxyz(path, extxyz_options(d));
+  std::vector<Structure> structures = read_structures(path, d.format, extxyz_options(d));
   StructureLimits limits;
   if (loaded.meta.min_distance) limits.min_distance = *loaded.meta.min_distance;  // the model's minimum
   check_structures(structures, "--data", limits);

@@ -11,6 +11,7 @@
 #include "crucible/data/dataset.h"
 #include "crucible/distributed/launcher.h"
 #include "crucible/distributed/process_group.h"
+#include "crucible/data/deepmd.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/losses/loss.h"
 #include "crucible/models/registry.h"
@@ -234,8 +235,9 @@ void require_regular_file(const fs::path& p, const std::string& key, const std::
   switch (st.type()) {
     case fs::file_type::regular: return;
     case fs::file_type::directory:
-      throw DataError(what + " is a directory; data files are extended-XYZ files (.xyz, .extxyz) "
-                      "and no format reads a directory: pass one file");
+      if (is_deepmd_path(p.string())) return;  // a DeePMD system (issue 18)
+      throw DataError(what + " is a directory without a DeePMD system (type.raw in it or below); data files "
+                      "are extended-XYZ files (.xyz, .extxyz) or DeePMD system directories");
     case fs::file_type::fifo:
       throw DataError(what + " is a FIFO (named pipe); data files must be regular files");
     case fs::file_type::character:

@@ -4,6 +4,7 @@
 
 #include "crucible/cli/e0s.h"
 #include "crucible/cli/label_keys.h"
+#include "crucible/data/formats.h"
 #include "crucible/models/energy_normalization.h"
 #include "crucible/models/registry.h"
 
@@ -30,7 +31,7 @@ namespace {
 
 std::vector<Structure> read_file(const std::string& path, const DataConfig& d,
                                  const std::string& key) {
-  std::vector<Structure> s = read_extxyz(path, extxyz_options(d));
+  std::vector<Structure> s = read_structures(path, d.format, extxyz_options(d));
   if (s.empty()) {
     throw DataError(path + ": " + key + " must contain at least one structure, got none");
   }

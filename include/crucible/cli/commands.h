@@ -79,6 +79,21 @@ struct EvaluateRequest {
 /// @throws DataError naming the file for a missing or bad model.
 void run_info(const std::string& path, std::ostream& out);
 
+/// Options of `crucible convert` (issue 18).
+struct ConvertRequest {
+  std::string input;                   ///< extxyz file or DeePMD system directory.
+  std::string output;                  ///< .xyz / .extxyz file, or a new directory (DeePMD).
+  std::string from = "auto";           ///< auto, extxyz, deepmd.
+  std::string to = "auto";             ///< auto (by OUT's extension), extxyz, deepmd.
+  std::vector<std::string> overrides;  ///< data.* keys and units of the input.
+};
+/// `crucible convert IN OUT`: reads IN (read_structures, the data.* keys and
+/// units of `overrides`; labels in eV, eV/Å, eV/Å³) and writes OUT
+/// (write_structures). extxyz → DeePMD → extxyz keeps every value bit for
+/// bit for frames of one composition (DeePMD groups frames by atoms).
+/// @throws ConfigError for a non-data override, DataError for unreadable
+///         input or an output that exists.
+void run_convert(const ConvertRequest& request, std::ostream& out);
 /// Options of `crucible export kim` (issue 17).
 struct ExportKimRequest {
   std::string run_dir;  ///< run directory, or a model.pt with model.json beside it.

@@ -79,6 +79,7 @@ struct DataConfig {
   UnitSetting forces_unit{"eV/Å", 1.0};   ///< file force unit.
   UnitSetting stress_unit{"eV/Å^3", 1.0}; ///< file stress unit.
   E0Setting e0s;                          ///< reference energies E0 (data.e0s).
+  std::string format = "auto";            ///< auto, extxyz or deepmd (data.format).
 };
 
 /// `model` section: the architecture and its hyperparameters. The config

@@ -1,0 +1,27 @@
+// `crucible convert IN OUT` (issue 18): between the data formats.
+
+#include "crucible/cli/commands.h"
+#include "crucible/cli/training_setup.h"
+#include "crucible/common/error.h"
+#include "crucible/data/formats.h"
+
+#include <fmt/format.h>
+
+namespace crucible {
+
+void run_convert(const ConvertRequest& request, std::ostream& out) {
+  for (const auto& o : request.overrides) {
+    if (o.rfind("data.", 0) != 0) {
+      throw ConfigError("convert accepts only data.* overrides (keys and units), got '" + o + "'");
+    }
+  }
+  Config config = default_config();
+  apply_overrides(config, request.overrides);
+  const std::string from = request.from == "auto" ? detect_format(request.input) : request.from;
+  const std::vector<Structure> frames = read_structures(request.input, from, extxyz_options(config.data));
+  if (frames.empty()) throw DataError(request.input + ": holds no structure to convert");
+  write_structures(request.output, request.to, frames);
+  out << fmt::format("converted {} structures: {} ({}) -> {}\n", frames.size(), request.input, from, request.output);
+}
+
+}  // namespace crucible

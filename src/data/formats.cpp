@@ -1,0 +1,55 @@
+// data.format dispatch. See include/crucible/data/formats.h.
+
+#include "crucible/data/formats.h"
+
+#include "crucible/common/error.h"
+#include "crucible/data/deepmd.h"
+
+#include <filesystem>
+
+namespace crucible {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string>& data_formats() {
+  static const std::vector<std::string> formats{"extxyz", "deepmd"};
+  return formats;
+}
+
+std::string detect_format(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_directory(p, ec)) {
+    if (is_deepmd_path(path)) return "deepmd";
+    throw DataError(path + ": is a directory without a DeePMD system (type.raw in it or below); data files are "
+                           "extended-XYZ files (.xyz, .extxyz) or DeePMD system directories");
+  }
+  const std::string ext = p.extension().string();
+  if (ext == ".npy" || p.filename() == "type.raw" || p.filename() == "type_map.raw") {
+    throw DataError(path + ": is a file of a DeePMD system; give the system directory (the one holding type.raw), " +
+                    (p.parent_path().filename().string().rfind("set.", 0) == 0 ? p.parent_path().parent_path().string()
+                                                                                 : p.parent_path().string()));
+  }
+  return "extxyz";
+}
+
+std::vector<Structure> read_structures(const std::string& path, const std::string& format,
+                                       const ExtxyzOptions& options) {
+  const std::string f = format == "auto" ? detect_format(path) : format;
+  if (f == "deepmd") return read_deepmd(path, options);
+  if (f == "extxyz") return read_extxyz(path, options);
+  throw DataError(path + ": data.format must be auto, extxyz or deepmd, got '" + format + "'");
+}
+
+void write_structures(const std::string& path, const std::string& format, const std::vector<Structure>& structures) {
+  std::string f = format;
+  if (f == "auto") {
+    const std::string ext = fs::path(path).extension().string();
+    f = ext == ".xyz" || ext == ".extxyz" ? "extxyz" : "deepmd";
+  }
+  if (f == "deepmd") return write_deepmd(path, structures);
+  if (f == "extxyz") return write_extxyz(path, structures);
+  throw DataError(path + ": the output format must be extxyz or deepmd, got '" + format + "'");
+}
+
+}  // namespace crucible

@@ -1,0 +1,201 @@
+#!/usr/bin/python3
+"""Issue 18: DeePMD npy systems, checked against NumPy and ASE.
+
+- Systems written here with NumPy (float64 and float32 arrays, two sets, a
+  non-periodic system with `nopbc`, a folder of systems, virials) are read by
+  `crucible convert`; the extxyz it writes, read back with ASE, holds
+  NumPy's values (stress = -virial / volume).
+- The bundled TiAl file converted to DeePMD: NumPy reads Crucible's .npy files
+  and finds ASE's values of the original file; converting back gives the
+  original values bit for bit.
+- Bad input: big-endian and Fortran-order arrays, a truncated file, a missing
+  type_map.raw, a .npy file given instead of its system directory.
+
+Usage: test_deepmd_numpy.py CRUCIBLE_BINARY WORK_DIR
+"""
+import os
+import shutil
+import subprocess
+import sys
+import unittest
+
+BINARY, WORK = sys.argv[1], sys.argv[2]
+sys.argv = sys.argv[:1]
+
+import numpy as np  # noqa: E402
+from ase.io import read  # noqa: E402
+
+SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIAL = os.path.join(SOURCE, "data", "alloy_TiAl", "TiAl_tutorial.xyz")
+
+
+def crucible(*args, check=True):
+    p = subprocess.run([BINARY, *args], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise AssertionError(f"crucible {' '.join(args)} failed: {p.stderr}")
+    return p
+
+
+def write_system(path, type_map, types, sets, nopbc=False):
+    os.makedirs(path)
+    with open(os.path.join(path, "type_map.raw"), "w") as f:
+        f.write("\n".join(type_map) + "\n")
+    with open(os.path.join(path, "type.raw"), "w") as f:
+        f.write(" ".join(str(t) for t in types) + "\n")
+    if nopbc:
+        open(os.path.join(path, "nopbc"), "w").close()
+    for k, arrays in enumerate(sets):
+        d = os.path.join(path, f"set.{k:03d}")
+        os.makedirs(d)
+        for name, a in arrays.items():
+            np.save(os.path.join(d, name + ".npy"), a)
+
+
+def symmetric(m):
+    """Virials are symmetric tensors (ASE keeps only their Voigt part)."""
+    return 0.5 * (m + np.swapaxes(m, -1, -2))
+
+
+class Reader(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        shutil.rmtree(WORK, ignore_errors=True)
+        os.makedirs(WORK)
+        rng = np.random.default_rng(7)
+        cls.natoms = 5
+        cls.sets = []
+        for nf, dtype in ((3, np.float64), (2, np.float32)):
+            box = np.tile((np.eye(3) * 6.0 + rng.normal(0, 0.3, (3, 3))).reshape(1, 9), (nf, 1))
+            cls.sets.append({"coord": rng.uniform(0, 6, (nf, cls.natoms * 3)).astype(dtype),
+                             "box": box.astype(dtype),
+                             "energy": rng.normal(-30, 1, nf).astype(dtype),
+                             "force": rng.normal(0, 1, (nf, cls.natoms * 3)).astype(dtype),
+                             "virial": symmetric(rng.normal(0, 2, (nf, 3, 3))).reshape(nf, 9).astype(dtype)})
+        cls.types = [1, 0, 1, 1, 0]
+        root = os.path.join(WORK, "systems")
+        write_system(os.path.join(root, "bulk"), ["O", "H"], cls.types, cls.sets)
+        cls.molecule = {"coord": rng.uniform(0, 3, (2, 9)), "energy": rng.normal(-10, 1, 2),
+                        "force": rng.normal(0, 1, (2, 9))}
+        write_system(os.path.join(root, "water"), ["O", "H"], [0, 1, 1], [cls.molecule], nopbc=True)
+        cls.root = root
+
+    def test_values_equal_numpy(self):
+        out = os.path.join(WORK, "systems.xyz")
+        p = crucible("convert", self.root, out)
+        self.assertIn("converted 7 structures", p.stdout)
+        frames = read(out, index=":")
+        self.assertEqual(len(frames), 7)
+        k = 0
+        for arrays in self.sets:
+            for i in range(len(arrays["coord"])):
+                a = frames[k]
+                self.assertEqual(a.get_chemical_symbols(), ["H", "O", "H", "H", "O"])
+                np.testing.assert_array_equal(a.positions, arrays["coord"][i].astype(np.float64).reshape(-1, 3))
+                np.testing.assert_array_equal(a.cell[:], arrays["box"][i].astype(np.float64).reshape(3, 3))
+                self.assertTrue(a.pbc.all())
+                self.assertEqual(a.get_potential_energy(), float(arrays["energy"][i]))
+                np.testing.assert_array_equal(a.get_forces(), arrays["force"][i].astype(np.float64).reshape(-1, 3))
+                volume = abs(np.linalg.det(arrays["box"][i].astype(np.float64).reshape(3, 3)))
+                expected = -arrays["virial"][i].astype(np.float64).reshape(3, 3) / volume
+                np.testing.assert_allclose(a.get_stress(voigt=False), expected, rtol=1e-14, atol=1e-15)
+                k += 1
+        for i in range(2):
+            a = frames[k + i]
+            self.assertFalse(a.pbc.any())
+            self.assertEqual(a.get_chemical_symbols(), ["O", "H", "H"])
+            np.testing.assert_array_equal(a.positions, self.molecule["coord"][i].reshape(-1, 3))
+            self.assertEqual(a.get_potential_energy(), self.molecule["energy"][i])
+
+    def test_bundled_tial_round_trip_and_numpy_reads_the_written_files(self):
+        dp, back = os.path.join(WORK, "tial_dp"), os.path.join(WORK, "tial_back.xyz")
+        crucible("convert", TIAL, dp)
+        original = read(TIAL, index=":")
+        # Frames grouped by atoms: system_000 holds the first frame's kind.
+        system = os.path.join(dp, "system_000")
+        types = np.loadtxt(os.path.join(system, "type.raw"), dtype=int).reshape(-1)
+        with open(os.path.join(system, "type_map.raw")) as f:
+            type_map = f.read().split()
+        coord = np.load(os.path.join(system, "set.000", "coord.npy"))
+        energy = np.load(os.path.join(system, "set.000", "energy.npy"))
+        force = np.load(os.path.join(system, "set.000", "force.npy"))
+        virial = np.load(os.path.join(system, "set.000", "virial.npy"))
+        same = [a for a in original if a.get_chemical_symbols() == original[0].get_chemical_symbols()]
+        self.assertEqual(coord.shape, (len(same), 3 * len(same[0])))
+        self.assertEqual([type_map[t] for t in types], same[0].get_chemical_symbols())
+        for i, a in enumerate(same):
+            np.testing.assert_array_equal(coord[i].reshape(-1, 3), a.positions)
+            self.assertEqual(energy[i], a.get_potential_energy())
+            np.testing.assert_array_equal(force[i].reshape(-1, 3), a.arrays["force"])  # the file's column
+            np.testing.assert_allclose(virial[i].reshape(3, 3), a.info["virial"], rtol=1e-14, atol=1e-14)
+        crucible("convert", dp, back)
+        again = read(back, index=":")
+        self.assertEqual(len(again), len(original))
+        # Reorder the originals as the systems group them.
+        order = []
+        for kind in dict.fromkeys(tuple(a.get_chemical_symbols()) for a in original):
+            order += [a for a in original if tuple(a.get_chemical_symbols()) == kind]
+        for a, b in zip(order, again):
+            np.testing.assert_array_equal(a.positions, b.positions)
+            np.testing.assert_array_equal(a.cell[:], b.cell[:])
+            self.assertEqual(a.get_potential_energy(), b.get_potential_energy())
+            np.testing.assert_array_equal(a.arrays["force"], b.get_forces())
+        # DeePMD → extxyz → DeePMD: the same arrays.
+        again_dp = os.path.join(WORK, "tial_dp2")
+        crucible("convert", back, again_dp)
+        def load(root, name):
+            return np.load(os.path.join(root, "system_000", "set.000", name + ".npy"))
+        for name in ("coord", "box", "energy", "force"):
+            np.testing.assert_array_equal(load(dp, name), load(again_dp, name))
+        # The virial passes through the stress (-virial / volume): 1-2 ulp.
+        np.testing.assert_allclose(load(dp, "virial"), load(again_dp, "virial"), rtol=5e-16, atol=0)
+
+    def test_train_and_evaluate_read_a_deepmd_directory(self):
+        dp, run = os.path.join(WORK, "train_dp"), os.path.join(WORK, "run")
+        crucible("convert", TIAL, dp)
+        p = crucible("train", "data.train_file=" + dp, "training.num_epochs=1", "output.run_dir=" + run)
+        self.assertIn("train      296 structures", p.stdout)  # 329 frames, 10% held out
+        p = crucible("evaluate", "--model", run, "--data", dp)
+        self.assertIn("329 structures", p.stdout)
+        p = crucible("evaluate", "--model", run, "--data", dp, "data.format=extxyz", check=False)
+        self.assertEqual(p.returncode, 1)
+
+    def test_bad_inputs_name_the_file(self):
+        bad = os.path.join(WORK, "bad")
+
+        def refused(name, arrays, expected, type_map=True, **kw):
+            path = os.path.join(bad, name)
+            write_system(path, ["O", "H"], [0, 1, 1], [arrays], **kw)
+            if not type_map:
+                os.remove(os.path.join(path, "type_map.raw"))
+            p = crucible("convert", path, path + ".xyz", check=False)
+            self.assertEqual(p.returncode, 1, p.stdout)
+            self.assertIn(expected, p.stderr)
+            self.assertFalse(os.path.exists(path + ".xyz"))
+
+        good = {"coord": np.zeros((1, 9)), "energy": np.zeros(1)}
+        refused("big_endian", {"coord": np.zeros((1, 9), dtype=">f8")}, "must be little-endian, got big-endian '>f8'",
+                nopbc=True)
+        refused("fortran", {"coord": np.asfortranarray(np.zeros((2, 9)))}, "fortran_order True",
+                nopbc=True)
+        refused("no_map", good, "needs type_map.raw", type_map=False, nopbc=True)
+        refused("no_box", good, "box.npy: missing (periodic systems need box.npy")
+        refused("shape", {"coord": np.zeros((1, 6))}, "coord.npy: must have shape [1, 9]", nopbc=True)
+        # A truncated .npy file.
+        path = os.path.join(bad, "truncated")
+        write_system(path, ["O", "H"], [0, 1, 1], [good], nopbc=True)
+        coord = os.path.join(path, "set.000", "coord.npy")
+        with open(coord, "rb") as f:
+            data = f.read()
+        with open(coord, "wb") as f:
+            f.write(data[:-8])
+        p = crucible("convert", path, path + ".xyz", check=False)
+        self.assertIn("truncated or corrupt file", p.stderr)
+        # A member file instead of the system directory.
+        p = crucible("convert", coord, os.path.join(WORK, "x.xyz"), check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("is a file of a DeePMD system; give the system directory", p.stderr)
+        self.assertIn(path, p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
