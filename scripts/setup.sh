@@ -10,6 +10,7 @@ PACKAGES=(
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev                 # OpenSSL libcrypto: SHA-256 of checkpoint files
+  libsqlite3-dev             # ASE databases (.db), issue 18
   libgloo-dev                # Gloo headers for c10d ProcessGroupGloo (data-parallel training)
   python3 python3-ase python3-torch python3-numpy python3-scipy python3-sympy   # test oracles
   pybind11-dev python3-dev   # the crucible Python module and its ASE calculator (issue 17)

@@ -238,11 +238,14 @@ std::vector<Key> build_schema() {
 
   add("data.format", Kind::kString, "",
       "Format of data.train_file / data.valid_file (and of evaluate's --data): auto (a directory "
-      "holding a DeePMD system, type.raw, in it or below is deepmd; anything else extxyz), "
+      "holding a DeePMD system, type.raw, in it or below is deepmd; a .db file ase_db; anything "
+      "else extxyz), "
       "extxyz, or deepmd (DeePMD-kit npy systems: type.raw, type_map.raw, set.*/coord.npy, "
-      "box.npy, energy.npy, force.npy, virial.npy). Units apply to every format.",
+      "box.npy, energy.npy, force.npy, virial.npy), or ase_db (an ASE SQLite database, .db: "
+      "numbers, positions, cell, pbc, energy, forces, stress, key-value pairs; auto picks it for "
+      ".db files). Units apply to every format.",
       [](Config& c) -> void* { return &c.data.format; })
-      .choices = {"auto", "extxyz", "deepmd"};
+      .choices = {"auto", "extxyz", "deepmd", "ase_db"};
   add("data.e0s", Kind::kE0s, "eV",
       "Per-element reference energies E0, subtracted before the model learns the rest (MACE: "
       "E0s). least_squares: fit on the training energies (a warning names elements that every "

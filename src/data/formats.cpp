@@ -3,6 +3,7 @@
 #include "crucible/data/formats.h"
 
 #include "crucible/common/error.h"
+#include "crucible/data/ase_db.h"
 #include "crucible/data/deepmd.h"
 
 #include <filesystem>
@@ -12,7 +13,7 @@ namespace crucible {
 namespace fs = std::filesystem;
 
 const std::vector<std::string>& data_formats() {
-  static const std::vector<std::string> formats{"extxyz", "deepmd"};
+  static const std::vector<std::string> formats{"extxyz", "deepmd", "ase_db"};
   return formats;
 }
 
@@ -30,6 +31,7 @@ std::string detect_format(const std::string& path) {
                     (p.parent_path().filename().string().rfind("set.", 0) == 0 ? p.parent_path().parent_path().string()
                                                                                  : p.parent_path().string()));
   }
+  if (ext == ".db" || is_sqlite_file(path)) return "ase_db";
   return "extxyz";
 }
 
@@ -38,7 +40,8 @@ std::vector<Structure> read_structures(const std::string& path, const std::strin
   const std::string f = format == "auto" ? detect_format(path) : format;
   if (f == "deepmd") return read_deepmd(path, options);
   if (f == "extxyz") return read_extxyz(path, options);
-  throw DataError(path + ": data.format must be auto, extxyz or deepmd, got '" + format + "'");
+  if (f == "ase_db") return read_ase_db(path, options);
+  throw DataError(path + ": data.format must be auto, extxyz, deepmd or ase_db, got '" + format + "'");
 }
 
 void write_structures(const std::string& path, const std::string& format, const std::vector<Structure>& structures) {
@@ -49,7 +52,7 @@ void write_structures(const std::string& path, const std::string& format, const 
   }
   if (f == "deepmd") return write_deepmd(path, structures);
   if (f == "extxyz") return write_extxyz(path, structures);
-  throw DataError(path + ": the output format must be extxyz or deepmd, got '" + format + "'");
+  throw DataError(path + ": the output format must be extxyz or deepmd (ASE databases are read only), got '" + format + "'");
 }
 
 }  // namespace crucible

@@ -81,9 +81,9 @@ void run_info(const std::string& path, std::ostream& out);
 
 /// Options of `crucible convert` (issue 18).
 struct ConvertRequest {
-  std::string input;                   ///< extxyz file or DeePMD system directory.
+  std::string input;                   ///< extxyz file, DeePMD system directory or ASE .db.
   std::string output;                  ///< .xyz / .extxyz file, or a new directory (DeePMD).
-  std::string from = "auto";           ///< auto, extxyz, deepmd.
+  std::string from = "auto";           ///< auto, extxyz, deepmd, ase_db.
   std::string to = "auto";             ///< auto (by OUT's extension), extxyz, deepmd.
   std::vector<std::string> overrides;  ///< data.* keys and units of the input.
 };

@@ -1,6 +1,6 @@
 #pragma once
 // Data formats chosen by data.format (issue 18): extended XYZ, DeePMD npy
-// systems; `auto` picks by path.
+// systems, ASE SQLite databases (read only); `auto` picks by path.
 
 #include "crucible/data/extxyz.h"
 #include "crucible/data/structure.h"
@@ -14,12 +14,13 @@ namespace crucible {
 const std::vector<std::string>& data_formats();
 
 /// The format of `path` for data.format=auto: "deepmd" for a directory
-/// holding a DeePMD system (type.raw) in it or below, else "extxyz".
+/// holding a DeePMD system (type.raw) in it or below, "ase_db" for a .db or
+/// SQLite file, else "extxyz".
 /// @throws DataError for a directory without a DeePMD system, or a DeePMD
 ///         member file (.npy, .raw) given instead of its system directory.
 std::string detect_format(const std::string& path);
 
-/// Reads `path` in `format` (auto, extxyz, deepmd); options give the
+/// Reads `path` in `format` (auto, extxyz, deepmd, ase_db); options give the
 /// extxyz keys and every format's units. @throws DataError naming the file.
 std::vector<Structure> read_structures(const std::string& path, const std::string& format,
                                        const ExtxyzOptions& options = {});

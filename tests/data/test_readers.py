@@ -1,6 +1,8 @@
 #!/usr/bin/python3
-"""Issue 18: DeePMD npy systems, checked against NumPy and ASE.
+"""Issue 18: the DeePMD npy and ASE database readers, checked against NumPy
+and ASE.
 
+DeePMD:
 - Systems written here with NumPy (float64 and float32 arrays, two sets, a
   non-periodic system with `nopbc`, a folder of systems, virials) are read by
   `crucible convert`; the extxyz it writes, read back with ASE, holds
@@ -11,7 +13,13 @@
 - Bad input: big-endian and Fortran-order arrays, a truncated file, a missing
   type_map.raw, a .npy file given instead of its system directory.
 
-Usage: test_deepmd_numpy.py CRUCIBLE_BINARY WORK_DIR
+ASE databases (written here with ase.db): every row's numbers, positions,
+cell, pbc, energy, forces, stress and key-value pairs equal ASE's
+row.toatoms(); an energy kept as a key-value pair is read with
+data.energy_key; training reads a .db; a non-SQLite file and a database
+without ASE's table are refused.
+
+Usage: test_readers.py CRUCIBLE_BINARY WORK_DIR
 """
 import os
 import shutil
@@ -195,6 +203,78 @@ class Reader(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn("is a file of a DeePMD system; give the system directory", p.stderr)
         self.assertIn(path, p.stderr)
+
+
+class AseDatabase(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        from ase import Atoms
+        from ase.calculators.singlepoint import SinglePointCalculator
+        from ase.db import connect
+        os.makedirs(WORK, exist_ok=True)
+        cls.path = os.path.join(WORK, "set.db")
+        if os.path.exists(cls.path):
+            os.remove(cls.path)
+        db = connect(cls.path)
+        rng = np.random.default_rng(3)
+        for k, a in enumerate(read(TIAL, index=":40")):
+            b = Atoms(a.numbers, positions=a.positions, cell=a.cell, pbc=a.pbc)
+            stress = rng.normal(0, 0.01, 6)
+            b.calc = SinglePointCalculator(b, energy=a.info["energy"], forces=a.arrays["force"], stress=stress)
+            db.write(b, config_type="bulk" if k % 2 else "strained", index=k, dft_energy=a.info["energy"] + 1.0)
+        slab = read(TIAL, index=-1)
+        slab.pbc = [True, True, False]
+        slab.calc = SinglePointCalculator(slab, energy=-7.0, forces=np.zeros((len(slab), 3)))
+        db.write(slab, config_type="slab", dft_energy=-6.0)
+        cls.rows = [row for row in connect(cls.path).select()]
+
+    def test_rows_equal_ase(self):
+        out = os.path.join(WORK, "from_db.xyz")
+        p = crucible("convert", self.path, out)
+        self.assertIn(f"converted {len(self.rows)} structures", p.stdout)
+        frames = read(out, index=":")
+        self.assertEqual(len(frames), len(self.rows))
+        for a, row in zip(frames, self.rows):
+            b = row.toatoms()
+            np.testing.assert_array_equal(a.numbers, b.numbers)
+            np.testing.assert_array_equal(a.positions, b.positions)
+            np.testing.assert_array_equal(a.cell[:], b.cell[:])
+            np.testing.assert_array_equal(a.pbc, b.pbc)
+            self.assertEqual(a.get_potential_energy(), b.get_potential_energy())
+            np.testing.assert_array_equal(a.get_forces(), b.get_forces())
+            if b.pbc.all():
+                np.testing.assert_array_equal(a.get_stress(), b.get_stress())
+            self.assertEqual(a.info["config_type"], row.config_type)
+            if "index" in row.key_value_pairs:
+                self.assertEqual(a.info["index"], row.index)
+
+    def test_energy_from_a_key_value_pair_and_training_on_a_database(self):
+        out = os.path.join(WORK, "from_db_kv.xyz")
+        crucible("convert", self.path, out, "data.energy_key=dft_energy")
+        for a, row in zip(read(out, index=":"), self.rows):
+            self.assertEqual(a.get_potential_energy(), row.dft_energy)
+        run = os.path.join(WORK, "db_run")
+        p = crucible("train", "data.train_file=" + self.path, "training.num_epochs=1", "output.run_dir=" + run)
+        self.assertIn("train      37 structures", p.stdout)  # 41 rows, 4 held out
+
+    def test_refuses_what_is_not_an_ase_database(self):
+        fake = os.path.join(WORK, "fake.db")
+        with open(fake, "w") as f:
+            f.write("not sqlite\n")
+        p = crucible("convert", fake, fake + ".xyz", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("an ASE database must be an SQLite file", p.stderr)
+        import sqlite3
+        other = os.path.join(WORK, "other.db")
+        if os.path.exists(other):
+            os.remove(other)
+        con = sqlite3.connect(other)
+        con.execute("CREATE TABLE t (x INTEGER)")
+        con.commit()
+        con.close()
+        p = crucible("convert", other, other + ".xyz", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("needs the table 'systems'", p.stderr)
 
 
 if __name__ == "__main__":
