@@ -3,6 +3,7 @@
 #include "crucible/cli/training_setup.h"
 
 #include "crucible/cli/e0s.h"
+#include "crucible/cli/fine_tuning.h"
 #include "crucible/cli/label_keys.h"
 #include "crucible/data/formats.h"
 #include "crucible/models/energy_normalization.h"
@@ -262,6 +263,22 @@ TrainingSetup build_training(const Config& input_config,
     }
     mctx.avg_num_neighbors = atoms > 0 ? static_cast<double>(edges) / static_cast<double>(atoms) : 1.0;
   }
+  // Fine-tuning (issue 18): the source model's elements join the new data's
+  // (so a model with a fixed element list keeps its shapes) and its
+  // neighbor normalization is kept.
+  std::optional<LoadedModel> source;
+  std::vector<int64_t> new_elements;
+  if (config.model.init_from) {
+    source = load_init_from(*config.model.init_from, config.model.type);
+    std::set<int64_t> all_elements(source->meta.atomic_numbers.begin(), source->meta.atomic_numbers.end());
+    for (int64_t z : elements) {
+      if (!all_elements.count(z)) new_elements.push_back(z);
+      all_elements.insert(z);
+    }
+    mctx.elements.assign(all_elements.begin(), all_elements.end());
+    const auto& h = source->meta.hyperparameters;
+    if (h.contains("avg_num_neighbors")) mctx.avg_num_neighbors = h.at("avg_num_neighbors").get<double>();
+  }
   std::shared_ptr<EnergyModel> model;
   try {
     // Seed 004 module_init_context: parameters are created in the
@@ -272,6 +289,17 @@ TrainingSetup build_training(const Config& input_config,
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
     throw ConfigError(what.rfind("model.", 0) == 0 ? what : "model." + config.model.type + ": " + what);
+  }
+  model->module().to(dtype);
+  if (source) {  // in the run's dtype: a float64 run keeps the source's float64 weights exactly
+    source->model->module().to(dtype);
+    initialize_from(*model, *source->model, *config.model.init_from, new_elements);
+    if (!new_elements.empty()) {
+      std::string list;
+      for (int64_t z : new_elements) list += " " + chemical_symbol(z);
+      err << "crucible: warning: model.init_from: elements new to the source model (" << list.substr(1)
+          << ") start with untrained embeddings\n";
+    }
   }
   model->module().to(dtype);
   model->set_energy_normalization(e0, scale, shift);
@@ -310,6 +338,12 @@ TrainingSetup build_training(const Config& input_config,
   }
 
   auto strategy = std::make_unique<TrainingStrategy>(model, sopt, std::move(loss));
+  if (!tc.freeze.empty()) {  // through the strategy's parameter filters (seed 002)
+    std::vector<std::string> frozen;
+    const std::set<std::string> trainable = trainable_parameters(*model, tc.freeze, &frozen);
+    strategy->set_trainable_parameter_filter(trainable);
+    strategy->set_optimizer_parameter_filter(trainable);
+  }
   // Canonical update hooks (seed 001), folded into one orchestrator.
   if (tc.gradient_accumulation_steps > 1) {
     strategy->register_hook(

@@ -275,6 +275,12 @@ std::vector<Key> build_schema() {
                "Neighbor cutoff radius (r_max); interactions vanish smoothly at it.",
                [](Config& c) -> void* { return &c.model.cutoff; }),
            0.0);
+  add("model.init_from", Kind::kOptString, "",
+      "Fine-tuning: start from the weights of this trained model (a run directory, or a model.pt "
+      "with model.json beside it) of the same model.type and settings; every parameter whose "
+      "shape differs is named in an error. The energy normalization (data.e0s, scale, shift) is "
+      "fitted on the new data. null = random initialization.",
+      [](Config& c) -> void* { return &c.model.init_from; });
   for (const auto& f : model_registry()) {
     for (const auto& mk : f.keys) {
       const std::string id = f.type + "." + mk.name;
@@ -470,6 +476,12 @@ std::vector<Key> build_schema() {
                "optimizer step (MACE clip_grad); 0 = no clipping.",
                [](Config& c) -> void* { return &c.training.clip_grad_norm; }),
            0.0);
+  add("training.freeze", Kind::kString, "",
+      "Fine-tuning: parameters whose name matches this regular expression (ECMAScript, searched "
+      "anywhere in the name, e.g. 'embedding|interactions\\.0\\.') are kept fixed: not given to "
+      "the optimizer, requires_grad false. Names as in `crucible info` / models.json. \"\" = train "
+      "all.",
+      [](Config& c) -> void* { return &c.training.freeze; });
   min_incl(add("training.gradient_accumulation_steps", Kind::kInt, "",
                "Accumulate the gradients of this many batches before each optimizer step "
                "(the loss of each batch is divided by it); 1 = no accumulation. "

@@ -90,6 +90,9 @@ struct ModelConfig {
   std::string type = "schnet";   ///< a registered model type (schnet, mace).
   double cutoff = 5.0;           ///< neighbor cutoff, Å, > 0.
   ModelParams params = default_model_params();  ///< every model's keys.
+  /// Start from this trained model's weights (run directory or model.pt);
+  /// unset = random initialization (issue 18, fine-tuning).
+  std::optional<std::string> init_from;
 };
 
 /// `training.optimizer` section.
@@ -196,6 +199,7 @@ struct TrainingConfig {
   SchedulerSettings scheduler;
   LossSettings loss;
   double clip_grad_norm = 10.0;            ///< max gradient 2-norm; 0 = no clipping.
+  std::string freeze;                      ///< regex of parameter names kept fixed; "" = none.
   int64_t gradient_accumulation_steps = 1; ///< batches per optimizer step, >= 1.
   SpikeSkippingSettings spike_skipping;
   EmaSettings ema;
