@@ -9,6 +9,8 @@
 #include "crucible/models/energy_normalization.h"
 #include "crucible/models/registry.h"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "crucible/cli/commands.h"
@@ -139,6 +141,16 @@ TrainingSetup build_training(const Config& input_config,
                              config.data.valid_fraction, config.data.seed);
   }
   all.clear();
+  // training.replay (issue 18): the pool of original structures.
+  std::vector<Structure> replay;
+  if (tc.replay.file) {
+    const std::string replay_path = resolve_data_path(*tc.replay.file, "training.replay.file");
+    config.training.replay.file = replay_path;
+    replay = read_file(replay_path, config.data, "training.replay.file");
+    if (isolated_e0s) (void)take_isolated_atoms(replay);
+    if (replay.empty()) throw DataError(replay_path + ": training.replay.file holds no structure to replay");
+    for (auto& s : replay) s.weight *= tc.replay.weight;
+  }
 
   const LabelCounts tl = count_labels(train);
   const LabelCounts vl = count_labels(valid);
@@ -154,9 +166,11 @@ TrainingSetup build_training(const Config& input_config,
                     "; or set training.loss.forces_weight=0 to train on energies only");
   }
   std::set<int64_t> elements, valid_elements;
-  for (const auto& s : train) {
-    auto z = s.atomic_numbers.contiguous();
-    for (int64_t i = 0; i < z.numel(); ++i) elements.insert(z.data_ptr<int64_t>()[i]);
+  for (const auto* part : {&train, &replay}) {
+    for (const auto& s : *part) {
+      auto z = s.atomic_numbers.contiguous();
+      for (int64_t i = 0; i < z.numel(); ++i) elements.insert(z.data_ptr<int64_t>()[i]);
+    }
   }
   for (const auto& s : valid) {
     auto z = s.atomic_numbers.contiguous();
@@ -226,10 +240,14 @@ TrainingSetup build_training(const Config& input_config,
   }
 
   // ---- normalization from the training structures only.
-  const E0Choice e0_choice = choose_e0s(config.data.e0s, train, isolated, elements);
+  // The normalization sees the replayed structures too (their elements need E0s).
+  std::vector<Structure> fit_set = train;
+  fit_set.insert(fit_set.end(), replay.begin(), replay.end());
+  const E0Choice e0_choice = choose_e0s(config.data.e0s, fit_set, isolated, elements);
   if (!e0_choice.warning.empty()) err << "crucible: warning: " << e0_choice.warning << "\n";
   const at::Tensor e0 = e0_choice.e0;
-  const auto [scale, shift] = fit_energy_scale_shift(train, e0);
+  const auto [scale, shift] = fit_energy_scale_shift(fit_set, e0);
+  fit_set.clear();
 
   // ---- datasets, model, strategy (all may still reject the config).
   const double cutoff = config.model.cutoff;
@@ -237,7 +255,13 @@ TrainingSetup build_training(const Config& input_config,
   check_neighbor_memory(valid, cutoff,
                         config.data.valid_file ? *config.data.valid_file : config.data.train_file,
                         available);
-  auto train_ds = std::make_shared<AtomicDataset>(train, cutoff);
+  if (!replay.empty()) check_neighbor_memory(replay, cutoff, *config.training.replay.file, available);
+  // The training dataset: the new structures, then the replay pool (the
+  // loader draws from it each epoch).
+  std::vector<Structure> train_and_pool = train;
+  train_and_pool.insert(train_and_pool.end(), replay.begin(), replay.end());
+  auto train_ds = std::make_shared<AtomicDataset>(train_and_pool, cutoff);
+  train_and_pool.clear();
   auto valid_ds = std::make_shared<AtomicDataset>(valid, cutoff);
 
   at::manual_seed(static_cast<uint64_t>(tc.seed));
@@ -252,7 +276,7 @@ TrainingSetup build_training(const Config& input_config,
   double min_pair = std::numeric_limits<double>::infinity();
   {
     int64_t edges = 0, atoms = 0;
-    for (int64_t k = 0; k < train_ds->size(); ++k) {
+    for (int64_t k = 0; k < static_cast<int64_t>(train.size()); ++k) {
       const NeighborList& nl = train_ds->neighbor_list(k);
       edges += nl.num_edges();
       atoms += train[static_cast<size_t>(k)].num_atoms();
@@ -329,6 +353,16 @@ TrainingSetup build_training(const Config& input_config,
   lo.batch_size = tc.batch_size;
   lo.shuffle = true;
   lo.seed = static_cast<uint64_t>(tc.seed);
+  if (!replay.empty()) {
+    lo.replay_begin = static_cast<int64_t>(train.size());
+    lo.replay_per_epoch = std::clamp<int64_t>(
+        static_cast<int64_t>(std::llround(tc.replay.fraction * static_cast<double>(train.size()))), 1,
+        static_cast<int64_t>(replay.size()));
+  }
+  if (!replay.empty()) {
+    split_text += fmt::format("; replays {} of the {} structures of {} per epoch (loss weight x{})",
+                              lo.replay_per_epoch, replay.size(), *config.training.replay.file, tc.replay.weight);
+  }
   if (communicator && communicator->size() > 1) {
     lo.num_replicas = communicator->size();
     lo.rank = communicator->rank();

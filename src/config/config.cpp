@@ -519,6 +519,21 @@ std::vector<Key> build_schema() {
       "the same number of structures (PyTorch DistributedSampler drop_last); false pads by "
       "repeating the first structures.",
       [](Config& c) -> void* { return &c.training.distributed.drop_last; });
+  add("training.replay.file", Kind::kOptString, "",
+      "Fine-tuning: structures of the original training data (any data.format, same keys and "
+      "units) of which training.replay.fraction x (training structures) are drawn anew every "
+      "epoch and trained on with the new data, so the model does not forget them (MACE's "
+      "multihead replay). Their elements and energies join the E0 fit. null = no replay.",
+      [](Config& c) -> void* { return &c.training.replay.file; });
+  min_incl(add("training.replay.weight", Kind::kFloat, "",
+               "Multiplies the loss weight of replayed structures.",
+               [](Config& c) -> void* { return &c.training.replay.weight; }),
+           0.0);
+  min_excl(add("training.replay.fraction", Kind::kFloat, "",
+               "Replayed structures per epoch, as a fraction of the training structures (capped "
+               "at the replay file's size; at least 1).",
+               [](Config& c) -> void* { return &c.training.replay.fraction; }),
+           0.0);
   add("training.ema.enabled", Kind::kBool, "",
       "Keep an exponential moving average of the model weights (updated after optimizer "
       "steps that ran; MACE's ema).",

@@ -86,6 +86,15 @@ DataLoader::DataLoader(std::shared_ptr<const AtomicDataset> dataset, DataLoaderO
                       "rank " + std::to_string(options_.rank) + " of " +
                       std::to_string(options_.num_replicas));
   }
+  if (options_.replay_begin >= 0 &&
+      (options_.replay_begin > dataset_->size() || options_.replay_per_epoch < 0 ||
+       options_.replay_per_epoch > dataset_->size() - options_.replay_begin ||
+       epoch_size() == 0)) {
+    throw ConfigError("data loader: the replay pool must be a non-empty tail of the dataset with "
+                      "replay_per_epoch in [0, its size], got begin " + std::to_string(options_.replay_begin) +
+                      ", " + std::to_string(options_.replay_per_epoch) + " per epoch of " +
+                      std::to_string(dataset_->size()) + " structures");
+  }
   if (num_samples() == 0) {
     throw ConfigError("training.distributed.drop_last leaves no training structures for each of " +
                       std::to_string(options_.num_replicas) + " workers (" +
@@ -94,8 +103,12 @@ DataLoader::DataLoader(std::shared_ptr<const AtomicDataset> dataset, DataLoaderO
   }
 }
 
+int64_t DataLoader::epoch_size() const {
+  return options_.replay_begin < 0 ? dataset_->size() : options_.replay_begin + options_.replay_per_epoch;
+}
+
 int64_t DataLoader::num_samples() const {
-  const int64_t n = dataset_->size();
+  const int64_t n = epoch_size();
   const int64_t r = options_.num_replicas;
   return (options_.sampler_drop_last && n % r != 0) ? n / r : (n + r - 1) / r;
 }
@@ -125,13 +138,25 @@ std::vector<int64_t> DataLoader::epoch_order() const {
 }
 
 std::vector<int64_t> DataLoader::shard_of(int64_t epoch, int64_t skip) const {
-  const int64_t n = dataset_->size();
+  const int64_t n = epoch_size();
+  // The epoch's structures: everything, or the primary ones and this
+  // epoch's draw from the replay pool.
+  std::vector<int64_t> members(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) members[static_cast<size_t>(i)] = i;
+  if (options_.replay_begin >= 0 && options_.replay_per_epoch > 0) {
+    const int64_t pool = dataset_->size() - options_.replay_begin;
+    const std::vector<int64_t> draw =
+        seeded_permutation(pool, (options_.seed + static_cast<uint64_t>(epoch)) ^ 0x9E3779B97F4A7C15ull);
+    for (int64_t k = 0; k < options_.replay_per_epoch; ++k) {
+      members[static_cast<size_t>(options_.replay_begin + k)] = options_.replay_begin + draw[static_cast<size_t>(k)];
+    }
+  }
   std::vector<int64_t> order;
   if (options_.shuffle) {
     order = seeded_permutation(n, options_.seed + static_cast<uint64_t>(epoch));
+    for (auto& i : order) i = members[static_cast<size_t>(i)];
   } else {
-    order.resize(n);
-    for (int64_t i = 0; i < n; ++i) order[i] = i;
+    order = members;
   }
   order.erase(order.begin(), order.begin() + skip);
   const int64_t r = options_.num_replicas;
@@ -150,9 +175,9 @@ std::vector<int64_t> DataLoader::shard_of(int64_t epoch, int64_t skip) const {
 }
 
 void DataLoader::set_resume_offset(int64_t epoch, int64_t consumed) {
-  if (consumed < 0 || consumed > dataset_->size()) {
+  if (consumed < 0 || consumed > epoch_size()) {
     throw std::out_of_range("set_resume_offset: consumed must be in [0, " +
-                            std::to_string(dataset_->size()) + "], got " + std::to_string(consumed));
+                            std::to_string(epoch_size()) + "], got " + std::to_string(consumed));
   }
   offset_epoch_ = epoch;
   offset_ = consumed;

@@ -748,7 +748,7 @@ void TrainingStrategy::run(DataLoader& given_loader) {
       // structures they consumed (all their batches so far were full), and
       // an epoch-count target counts the batches actually left.
       const int64_t consumed = std::min<int64_t>(
-          loader.dataset().size(),
+          loader.epoch_size(),
           epoch_step_count * loader.options().batch_size * *saved_world_size_);
       if (epoch_step_count > 0) {
         loader.set_resume_offset(epoch_count, consumed);

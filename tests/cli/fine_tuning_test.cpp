@@ -93,6 +93,27 @@ TEST_F(FineTuning, FrozenParametersStayBitIdentical) {
   EXPECT_GE(moved, 3);  // the others trained
 }
 
+TEST_F(FineTuning, ReplayDrawsFromTheOriginalDataEveryEpochAndForgetsLess) {
+  const auto plain = tune("forgetful", {"model.init_from=source", "training.num_epochs=4"});
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  const auto replay = tune("replayed", {"model.init_from=source", "training.num_epochs=4", "training.replay.file=part_a.xyz",
+                                        "training.replay.fraction=0.5"});
+  ASSERT_EQ(replay.rc, 0) << replay.err;
+  EXPECT_NE(replay.out.find("replays 50 of the 200 structures of"), std::string::npos) << replay.out;
+  // 100 new + 50 replayed structures per epoch, batches of 4: 38 a epoch.
+  EXPECT_EQ(nlohmann::json::parse(e2e::read_text(dir_ / "replayed" / "summary.json"))["steps"], 4 * 38);
+  EXPECT_EQ(nlohmann::json::parse(e2e::read_text(dir_ / "forgetful" / "summary.json"))["steps"], 4 * 25);
+  auto error_on_a = [&](const std::string& run) {
+    const auto r = e2e::run_crucible(dir_, {"evaluate", "--model", run, "--data", "part_a.xyz", "--json", run + "_a.json"});
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return nlohmann::json::parse(e2e::read_text(dir_ / (run + "_a.json")));
+  };
+  const auto with = error_on_a("replayed"), without = error_on_a("forgetful");
+  std::cout << "replay: force MAE on the original data " << with["forces_mae"].get<double>() << " meV/Å with replay vs "
+            << without["forces_mae"].get<double>() << " without\n";
+  EXPECT_LT(with["forces_mae"].get<double>(), without["forces_mae"].get<double>());
+}
+
 TEST_F(FineTuning, MismatchesAreErrorsNamingTheParameters) {
   const auto shape = tune("wide", {"model.init_from=source", "model.schnet.hidden_channels=48"});
   EXPECT_EQ(shape.rc, 1);

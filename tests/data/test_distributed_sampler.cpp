@@ -122,5 +122,41 @@ TEST(DistributedSampler, BatchesAndErrors) {
   EXPECT_THROW(DataLoader(ds, o), ConfigError);  // 10 structures, 11 workers, no padding
 }
 
+// Issue 18 (training.replay): each epoch holds every primary structure once
+// and replay_per_epoch distinct ones from the pool, drawn anew per epoch
+// and the same for the same seed and epoch (exact resume).
+TEST(ReplayPool, EveryEpochHasThePrimarySetAndADrawFromThePool) {
+  const auto ds = dimers(30);  // 0..19 primary, 20..29 the pool
+  DataLoaderOptions o;
+  o.batch_size = 4;
+  o.seed = 5;
+  o.replay_begin = 20;
+  o.replay_per_epoch = 4;
+  DataLoader loader(ds, o);
+  EXPECT_EQ(loader.epoch_size(), 24);
+  EXPECT_EQ(loader.size(), 6);
+  std::set<std::vector<int64_t>> draws;
+  for (int64_t epoch = 0; epoch < 6; ++epoch) {
+    loader.set_epoch(epoch);
+    const auto order = loader.epoch_order();
+    ASSERT_EQ(order.size(), 24u);
+    std::vector<int64_t> primary, pool;
+    for (int64_t i : order) (i < 20 ? primary : pool).push_back(i);
+    std::sort(primary.begin(), primary.end());
+    std::sort(pool.begin(), pool.end());
+    for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(primary[static_cast<size_t>(i)], i);
+    ASSERT_EQ(pool.size(), 4u);
+    EXPECT_EQ(std::set<int64_t>(pool.begin(), pool.end()).size(), 4u);  // without replacement
+    for (int64_t i : pool) EXPECT_GE(i, 20);
+    draws.insert(pool);
+    DataLoader again(ds, o);
+    again.set_epoch(epoch);
+    EXPECT_EQ(again.epoch_order(), order);
+  }
+  EXPECT_GT(draws.size(), 3u);  // the draw changes between epochs
+  o.replay_per_epoch = 11;
+  EXPECT_THROW(DataLoader(ds, o), ConfigError);
+}
+
 }  // namespace
 }  // namespace crucible

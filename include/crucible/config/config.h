@@ -136,6 +136,15 @@ struct EmaSettings {
   bool use_for_validation = true;  ///< validate and save model.pt with the average.
 };
 
+/// `training.replay` section (issue 18, fine-tuning): a share of the
+/// original training data mixed into every epoch so the model does not
+/// forget it (MACE's multihead replay of pt_train_file).
+struct ReplaySettings {
+  std::optional<std::string> file;  ///< structures to replay; unset = no replay.
+  double weight = 1.0;    ///< multiplies the replayed structures' loss weight, >= 0.
+  double fraction = 0.1;  ///< replayed structures per epoch / training structures, > 0.
+};
+
 /// `training.distributed` section: data-parallel training (issue 6). The
 /// world (rank, size, master) comes from the environment (torchrun, SLURM,
 /// Open MPI) or `crucible train --nproc N`, never from the config.
@@ -200,6 +209,7 @@ struct TrainingConfig {
   LossSettings loss;
   double clip_grad_norm = 10.0;            ///< max gradient 2-norm; 0 = no clipping.
   std::string freeze;                      ///< regex of parameter names kept fixed; "" = none.
+  ReplaySettings replay;                   ///< fine-tuning replay (training.replay.*).
   int64_t gradient_accumulation_steps = 1; ///< batches per optimizer step, >= 1.
   SpikeSkippingSettings spike_skipping;
   EmaSettings ema;

@@ -61,6 +61,13 @@ struct DataLoaderOptions {
   int64_t num_replicas = 1;
   int64_t rank = 0;                ///< in [0, num_replicas).
   bool sampler_drop_last = false;
+  /// Replay (issue 18, training.replay): dataset indices >= replay_begin
+  /// are a pool of which each epoch takes replay_per_epoch, drawn without
+  /// replacement with seed + epoch (a different stream from the shuffle),
+  /// next to every index < replay_begin. -1 (default) = no pool: every
+  /// structure every epoch.
+  int64_t replay_begin = -1;
+  int64_t replay_per_epoch = 0;    ///< in [0, dataset size - replay_begin].
 };
 
 /// Iterates a dataset in batches, with PyTorch DataLoader semantics plus
@@ -76,6 +83,9 @@ class DataLoader {
   int64_t size() const;
   /// Structures per epoch of this rank (len(DistributedSampler)).
   int64_t num_samples() const;
+  /// Structures per epoch over all ranks: the dataset size, or with a replay
+  /// pool replay_begin + replay_per_epoch.
+  int64_t epoch_size() const;
   /// Selects the epoch whose shuffle order the next iteration uses.
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
   /// The next iteration starts at batch k of the epoch (one-shot: reset to 0
