@@ -3,7 +3,7 @@
 #
 #   bash scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET ...]
 #
-# Targets: extxyz, config_yaml, spec_json, manifest, npy (default: all five, one
+# Targets: extxyz, config_yaml, spec_json, manifest, npy, ase_db (default: all six, one
 # after the other, 60 s each). Seeds: fuzz/corpus/<target>/ and the kept
 # findings fuzz/regressions/<target>/. The growing corpus lives in
 # build-fuzz/corpus/<target>/, findings in build-fuzz/findings/<target>/.
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 secs="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(extxyz config_yaml spec_json manifest npy)
+[ ${#targets[@]} -eq 0 ] && targets=(extxyz config_yaml spec_json manifest npy ase_db)
 
 bash scripts/setup.sh >/dev/null
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -132,13 +132,13 @@ int run(int argc, char** argv) {
   // convert
   ConvertRequest convert;
   CLI::App* convert_cmd = app.add_subcommand(
-      "convert", "Convert structures between extended XYZ, DeePMD npy systems and (reading) ASE databases");
+      "convert", "Convert structures between extended XYZ, DeePMD npy systems and ASE databases");
   convert_cmd->add_option("input", convert.input, "extxyz file, DeePMD system directory or ASE .db")->required();
-  convert_cmd->add_option("output", convert.output, ".xyz/.extxyz file, or a new directory for DeePMD")->required();
+  convert_cmd->add_option("output", convert.output, ".xyz/.extxyz file, .db file, or a new directory for DeePMD")->required();
   convert_cmd->add_option("--from", convert.from, "Input format: auto, extxyz, deepmd, ase_db")
       ->check(CLI::IsMember({"auto", "extxyz", "deepmd", "ase_db"}));
-  convert_cmd->add_option("--to", convert.to, "Output format: auto (by extension), extxyz, deepmd")
-      ->check(CLI::IsMember({"auto", "extxyz", "deepmd"}));
+  convert_cmd->add_option("--to", convert.to, "Output format: auto (by extension), extxyz, deepmd, ase_db")
+      ->check(CLI::IsMember({"auto", "extxyz", "deepmd", "ase_db"}));
   convert_cmd->add_option("overrides", convert.overrides, "data.* keys and units of the input, e.g. data.energy_key=dft_energy");
 
   // export kim

@@ -48,11 +48,12 @@ void write_structures(const std::string& path, const std::string& format, const 
   std::string f = format;
   if (f == "auto") {
     const std::string ext = fs::path(path).extension().string();
-    f = ext == ".xyz" || ext == ".extxyz" ? "extxyz" : "deepmd";
+    f = ext == ".xyz" || ext == ".extxyz" ? "extxyz" : ext == ".db" ? "ase_db" : "deepmd";
   }
   if (f == "deepmd") return write_deepmd(path, structures);
   if (f == "extxyz") return write_extxyz(path, structures);
-  throw DataError(path + ": the output format must be extxyz or deepmd (ASE databases are read only), got '" + format + "'");
+  if (f == "ase_db") return write_ase_db(path, structures);
+  throw DataError(path + ": the output format must be extxyz, deepmd or ase_db, got '" + format + "'");
 }
 
 }  // namespace crucible

@@ -15,7 +15,8 @@ DeePMD:
 
 ASE databases (written here with ase.db): every row's numbers, positions,
 cell, pbc, energy, forces, stress and key-value pairs equal ASE's
-row.toatoms(); an energy kept as a key-value pair is read with
+row.toatoms(); a database Crucible writes is read (and queried) by ASE and
+round trips exactly; an energy kept as a key-value pair is read with
 data.energy_key; training reads a .db; a non-SQLite file and a database
 without ASE's table are refused.
 
@@ -256,6 +257,42 @@ class AseDatabase(unittest.TestCase):
         run = os.path.join(WORK, "db_run")
         p = crucible("train", "data.train_file=" + self.path, "training.num_epochs=1", "output.run_dir=" + run)
         self.assertIn("train      37 structures", p.stdout)  # 41 rows, 4 held out
+
+    def test_written_databases_are_read_by_ase_and_round_trip_exactly(self):
+        from ase.db import connect
+        copy = os.path.join(WORK, "copy.db")
+        if os.path.exists(copy):
+            os.remove(copy)
+        crucible("convert", self.path, copy)  # .db -> .db through Crucible
+        again = list(connect(copy).select())
+        self.assertEqual(len(again), len(self.rows))
+        for a, b in zip(self.rows, again):
+            x, y = a.toatoms(), b.toatoms()
+            np.testing.assert_array_equal(x.numbers, y.numbers)
+            np.testing.assert_array_equal(x.positions, y.positions)
+            np.testing.assert_array_equal(x.cell[:], y.cell[:])
+            np.testing.assert_array_equal(x.pbc, y.pbc)
+            self.assertEqual(x.get_potential_energy(), y.get_potential_energy())
+            np.testing.assert_array_equal(x.get_forces(), y.get_forces())
+            if a.get("stress") is not None:
+                np.testing.assert_array_equal(a.stress, b.stress)
+            self.assertEqual(a.key_value_pairs, b.key_value_pairs)
+        # ASE's queries work on it (species and key tables).
+        self.assertEqual(connect(copy).count(config_type="slab"), 1)
+        self.assertEqual(connect(copy).count("Ti"), len(self.rows))
+        # The bundled extxyz file as a database: ASE finds the file's values.
+        tial = os.path.join(WORK, "tial.db")
+        if os.path.exists(tial):
+            os.remove(tial)
+        crucible("convert", TIAL, tial)
+        for a, row in zip(read(TIAL, index=":"), connect(tial).select()):
+            b = row.toatoms()
+            np.testing.assert_array_equal(a.positions, b.positions)
+            self.assertEqual(a.info["energy"], b.get_potential_energy())
+            np.testing.assert_array_equal(a.arrays["force"], b.get_forces())
+        p = crucible("convert", TIAL, tial, check=False)  # never overwritten
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("must be a new file", p.stderr)
 
     def test_refuses_what_is_not_an_ase_database(self):
         fake = os.path.join(WORK, "fake.db")

@@ -1,6 +1,7 @@
 #pragma once
 // ASE databases (SQLite .db files, the `systems` table of ase.db, format
-// version 9 as written by ASE 3.22), read with libsqlite3 (issue 18).
+// version 9 as written by ASE 3.22), read and written with libsqlite3
+// (issue 18).
 // Reference: ase/db/sqlite.py (ASE 3.22).
 
 #include "crucible/data/extxyz.h"
@@ -26,5 +27,15 @@ bool is_sqlite_file(const std::string& path);
 /// SQLite file, no `systems` table, a blob whose size does not match natoms,
 /// an atomic number outside 1..118.
 std::vector<Structure> read_ase_db(const std::string& path, const ExtxyzOptions& options = {});
+
+/// Writes `structures` as a new ASE database (schema version 9, the tables
+/// and indices ASE 3.22 creates, so ase.db.connect reads it and queries it by
+/// key): one `systems` row per structure with numbers, positions, cell,
+/// pbc, energy, forces, stress (6 Voigt values), natoms, fmax, smax, volume,
+/// and the key-value pairs config_type (unless Default) and every `info`
+/// entry whose key is an identifier (numbers stay numbers). Written to a
+/// temporary file and renamed. @throws DataError if `path` exists or
+/// cannot be written.
+void write_ase_db(const std::string& path, const std::vector<Structure>& structures);
 
 }  // namespace crucible

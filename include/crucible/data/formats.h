@@ -1,6 +1,6 @@
 #pragma once
 // Data formats chosen by data.format (issue 18): extended XYZ, DeePMD npy
-// systems, ASE SQLite databases (read only); `auto` picks by path.
+// systems, ASE SQLite databases; `auto` picks by path.
 
 #include "crucible/data/extxyz.h"
 #include "crucible/data/structure.h"
@@ -25,8 +25,9 @@ std::string detect_format(const std::string& path);
 std::vector<Structure> read_structures(const std::string& path, const std::string& format,
                                        const ExtxyzOptions& options = {});
 
-/// Writes `structures` to `path` in `format` (extxyz, deepmd; auto = deepmd
-/// for a path without an .xyz / .extxyz extension). @throws DataError.
+/// Writes `structures` to `path` in `format` (extxyz, deepmd, ase_db; auto
+/// = extxyz for .xyz / .extxyz, ase_db for .db, else a DeePMD directory).
+/// @throws DataError.
 void write_structures(const std::string& path, const std::string& format, const std::vector<Structure>& structures);
 
 }  // namespace crucible
