@@ -7,6 +7,7 @@
 #include "crucible/cli/label_keys.h"
 #include "crucible/data/formats.h"
 #include "crucible/models/energy_normalization.h"
+#include "crucible/precision/cpu_bf16.h"
 #include "crucible/models/registry.h"
 
 #include <algorithm>
@@ -98,6 +99,14 @@ TrainingSetup build_training(const Config& input_config,
       tc.precision ? (*tc.precision == "64-true" ? at::kDouble : at::kFloat)
                    : (tc.dtype == "float64" ? at::kDouble : at::kFloat);
   const std::string dtype_name = dtype == at::kDouble ? "float64" : "float32";
+  // Issue 19: bf16 on a CPU that emulates it is slower than 32-true; say so.
+  if (tc.precision && tc.precision->rfind("bf16", 0) == 0 && device.is_cpu()) {
+    const std::string flags = read_cpu_flags();
+    if (!cpu_flags_have_native_bf16(flags)) {
+      const auto [fp32, bf16] = measure_cpu_matmul_fp32_bf16();
+      err << "crucible: warning: training.precision " << *tc.precision << ": " << cpu_bf16_note(flags, fp32, bf16) << "\n";
+    }
+  }
   // Issue 15: bounds checked from the key values before anything is allocated.
   check_thread_count(tc.num_threads);
   const int64_t available = available_memory_bytes();
