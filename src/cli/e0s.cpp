@@ -17,11 +17,7 @@ namespace crucible {
 
 namespace {
 
-std::string symbols(const std::vector<int64_t>& zs) {
-  std::string out;
-  for (int64_t z : zs) out += (out.empty() ? "" : ", ") + chemical_symbol(z);
-  return out;
-}
+std::string symbols(const std::vector<int64_t>& zs) { return element_symbols(zs, ", "); }
 
 std::string symbols(const std::set<int64_t>& zs) { return symbols(std::vector<int64_t>(zs.begin(), zs.end())); }
 

@@ -92,9 +92,8 @@ add_kim_api_model_library(
                      fmt::arg("name", name));
 }
 
-std::string readme(const std::string& name, const LoadedModel& loaded, const std::string& source) {
-  std::string elements;
-  for (int64_t z : loaded.meta.atomic_numbers) elements += (elements.empty() ? "" : " ") + chemical_symbol(z);
+std::string readme(const std::string& name, const LoadedModel& loaded, const std::string& source,
+                   const std::string& elements) {
   return fmt::format(R"(# KIM portable model {name}
 
 Exported by `crucible export kim` from {source}: a {type} model of {elements}
@@ -137,6 +136,7 @@ void run_export_kim(const ExportKimRequest& request, std::ostream& out) {
   }
   const std::string model_dir = model_directory(request.run_dir);
   const LoadedModel loaded = load_model(model_dir);  // refuses bad or unknown-format models
+  const std::string elements = element_symbols(loaded.meta.atomic_numbers);
   const fs::path dest(request.out_dir);
   if (fs::exists(dest) && !(fs::is_directory(dest) && fs::is_empty(dest))) {
     throw DataError(dest.string() + ": --out must be a new or empty directory (nothing is overwritten)");
@@ -152,7 +152,7 @@ void run_export_kim(const ExportKimRequest& request, std::ostream& out) {
     fs::copy_file(fs::path(model_dir) / "model.pt", tmp / "model" / "model.pt");
     write_text(tmp / "CMakeLists.txt", driver_cmake(request.name));
     write_text(tmp / "model" / "CMakeLists.txt", model_cmake(request.name));
-    write_text(tmp / "README.md", readme(request.name, loaded, model_dir));
+    write_text(tmp / "README.md", readme(request.name, loaded, model_dir, elements));
     if (fs::exists(dest)) fs::remove(dest);  // empty, checked above
     fs::rename(tmp, dest);
   } catch (const fs::filesystem_error& e) {
@@ -160,8 +160,6 @@ void run_export_kim(const ExportKimRequest& request, std::ostream& out) {
     fs::remove_all(tmp, ignored);
     throw DataError(std::string("export kim: ") + e.what());
   }
-  std::string elements;
-  for (int64_t z : loaded.meta.atomic_numbers) elements += (elements.empty() ? "" : " ") + chemical_symbol(z);
   out << fmt::format("wrote KIM model {} (driver {}_driver) to {}\n", request.name, request.name, dest.string());
   out << fmt::format("install: kim-api-collections-management install user {}\n", dest.string());
   out << fmt::format("LAMMPS:  kim init {} metal ... kim interactions {}\n", request.name, elements);

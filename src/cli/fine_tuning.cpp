@@ -57,8 +57,7 @@ void initialize_from(EnergyModel& target, const EnergyModel& source, const std::
   if (!problems.empty()) {
     std::string list;
     for (const auto& p : problems) list += (list.empty() ? "" : "; ") + p;
-    std::string elements;
-    for (int64_t z : new_elements) elements += (elements.empty() ? "" : " ") + chemical_symbol(z);
+    const std::string elements = element_symbols(new_elements);
     throw ConfigError("model.init_from " + path + ": " + std::to_string(problems.size()) +
                       " parameters differ from the model this config builds (" + list + ")" +
                       (elements.empty() ? std::string("; use the source run's model settings (its config.yaml)")
@@ -69,8 +68,7 @@ void initialize_from(EnergyModel& target, const EnergyModel& source, const std::
   for (auto& item : dst_params) item.value().copy_(*src_params.find(item.key()));
 }
 
-std::set<std::string> trainable_parameters(EnergyModel& model, const std::string& pattern,
-                                           std::vector<std::string>* frozen) {
+std::set<std::string> trainable_parameters(EnergyModel& model, const std::string& pattern) {
   std::regex re;
   try {
     re = std::regex(pattern);
@@ -81,11 +79,7 @@ std::set<std::string> trainable_parameters(EnergyModel& model, const std::string
   std::vector<std::string> names;
   for (const auto& item : model.module().named_parameters(/*recurse=*/true)) {
     names.push_back(item.key());
-    if (std::regex_search(item.key(), re)) {
-      if (frozen) frozen->push_back(item.key());
-    } else {
-      trainable.insert("main." + item.key());
-    }
+    if (!std::regex_search(item.key(), re)) trainable.insert("main." + item.key());
   }
   if (trainable.empty()) {
     throw ConfigError("training.freeze '" + pattern + "' matches every parameter; nothing would be trained");

@@ -249,14 +249,15 @@ TrainingSetup build_training(const Config& input_config,
   }
 
   // ---- normalization from the training structures only.
-  // The normalization sees the replayed structures too (their elements need E0s).
-  std::vector<Structure> fit_set = train;
-  fit_set.insert(fit_set.end(), replay.begin(), replay.end());
-  const E0Choice e0_choice = choose_e0s(config.data.e0s, fit_set, isolated, elements);
+  // The new structures, then the replay pool: the normalization sees both
+  // (the replayed elements need E0s), and the loader draws from the pool
+  // each epoch.
+  std::vector<Structure> train_and_pool = train;
+  train_and_pool.insert(train_and_pool.end(), replay.begin(), replay.end());
+  const E0Choice e0_choice = choose_e0s(config.data.e0s, train_and_pool, isolated, elements);
   if (!e0_choice.warning.empty()) err << "crucible: warning: " << e0_choice.warning << "\n";
   const at::Tensor e0 = e0_choice.e0;
-  const auto [scale, shift] = fit_energy_scale_shift(fit_set, e0);
-  fit_set.clear();
+  const auto [scale, shift] = fit_energy_scale_shift(train_and_pool, e0);
 
   // ---- datasets, model, strategy (all may still reject the config).
   const double cutoff = config.model.cutoff;
@@ -265,10 +266,6 @@ TrainingSetup build_training(const Config& input_config,
                         config.data.valid_file ? *config.data.valid_file : config.data.train_file,
                         available);
   if (!replay.empty()) check_neighbor_memory(replay, cutoff, *config.training.replay.file, available);
-  // The training dataset: the new structures, then the replay pool (the
-  // loader draws from it each epoch).
-  std::vector<Structure> train_and_pool = train;
-  train_and_pool.insert(train_and_pool.end(), replay.begin(), replay.end());
   auto train_ds = std::make_shared<AtomicDataset>(train_and_pool, cutoff);
   train_and_pool.clear();
   auto valid_ds = std::make_shared<AtomicDataset>(valid, cutoff);
@@ -328,13 +325,10 @@ TrainingSetup build_training(const Config& input_config,
     source->model->module().to(dtype);
     initialize_from(*model, *source->model, *config.model.init_from, new_elements);
     if (!new_elements.empty()) {
-      std::string list;
-      for (int64_t z : new_elements) list += " " + chemical_symbol(z);
-      err << "crucible: warning: model.init_from: elements new to the source model (" << list.substr(1)
+      err << "crucible: warning: model.init_from: elements new to the source model (" << element_symbols(new_elements)
           << ") start with untrained embeddings\n";
     }
   }
-  model->module().to(dtype);
   model->set_energy_normalization(e0, scale, shift);
   int64_t num_params = 0;
   for (const auto& p : model->module().parameters()) num_params += p.numel();
@@ -367,8 +361,6 @@ TrainingSetup build_training(const Config& input_config,
     lo.replay_per_epoch = std::clamp<int64_t>(
         static_cast<int64_t>(std::llround(tc.replay.fraction * static_cast<double>(train.size()))), 1,
         static_cast<int64_t>(replay.size()));
-  }
-  if (!replay.empty()) {
     split_text += fmt::format("; replays {} of the {} structures of {} per epoch (loss weight x{})",
                               lo.replay_per_epoch, replay.size(), *config.training.replay.file, tc.replay.weight);
   }
@@ -382,8 +374,7 @@ TrainingSetup build_training(const Config& input_config,
 
   auto strategy = std::make_unique<TrainingStrategy>(model, sopt, std::move(loss));
   if (!tc.freeze.empty()) {  // through the strategy's parameter filters (seed 002)
-    std::vector<std::string> frozen;
-    const std::set<std::string> trainable = trainable_parameters(*model, tc.freeze, &frozen);
+    const std::set<std::string> trainable = trainable_parameters(*model, tc.freeze);
     strategy->set_trainable_parameter_filter(trainable);
     strategy->set_optimizer_parameter_filter(trainable);
   }

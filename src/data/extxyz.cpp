@@ -622,6 +622,12 @@ const std::string& chemical_symbol(int64_t z) {
   return symbol_table()[static_cast<size_t>(z)];
 }
 
+std::string element_symbols(const std::vector<int64_t>& zs, const std::string& separator) {
+  std::string out;
+  for (int64_t z : zs) out += (out.empty() ? "" : separator) + chemical_symbol(z);
+  return out;
+}
+
 namespace {
 
 std::vector<Structure> read_frames(LineReader& reader, const std::string& path, const ExtxyzOptions& options) {

@@ -12,11 +12,6 @@ namespace crucible {
 
 namespace fs = std::filesystem;
 
-const std::vector<std::string>& data_formats() {
-  static const std::vector<std::string> formats{"extxyz", "deepmd", "ase_db"};
-  return formats;
-}
-
 std::string detect_format(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);

@@ -17,11 +17,12 @@ namespace crucible {
 
 namespace {
 
-/// The closest pair among the edges, refused if closer than `min_distance`.
-void check_min_distance(const at::Tensor& positions, const NeighborList& nl, double min_distance) {
+/// The closest pair among the edges (edge vectors `vec` [E,3]), refused if
+/// closer than `min_distance`.
+void check_min_distance(const at::Tensor& vec, const NeighborList& nl, double min_distance) {
   if (nl.num_edges() == 0) return;
   const at::Tensor i = nl.edge_index[0], j = nl.edge_index[1];
-  const at::Tensor d = (positions.index_select(0, j) - positions.index_select(0, i)).norm(2, 1);
+  const at::Tensor d = vec.norm(2, 1);
   const int64_t e = d.argmin().item<int64_t>();
   const double dmin = d[e].item<double>();
   if (dmin < min_distance) {
@@ -64,7 +65,14 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
   s.cell = at::zeros({3, 3}, at::kDouble);
   s.pbc = {false, false, false};
   const NeighborList nl = build_neighbor_list(s.positions, s.cell, s.pbc, model.cutoff());
-  if (options.min_distance) check_min_distance(pos_cpu, nl, *options.min_distance);
+  const bool want_virial = options.virial || options.particle_virial;
+  // Edge vectors r_e = r_j - r_i [E,3] (no shifts: a cluster), for the
+  // distance check and the virials.
+  at::Tensor vec;
+  if (options.min_distance || want_virial) {
+    vec = pos_cpu.index_select(0, nl.edge_index[1]) - pos_cpu.index_select(0, nl.edge_index[0]);
+  }
+  if (options.min_distance) check_min_distance(vec, nl, *options.min_distance);
 
   const auto params = model.module().parameters();
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().device();
@@ -72,7 +80,6 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
   Batch batch = collate({&s}, {&nl}).to(device, dtype);
   const at::Tensor r = batch.positions.detach().requires_grad_(true);
   batch.positions = r;
-  const bool want_virial = options.virial || options.particle_virial;
   at::Tensor edge_grad_leaf;
   if (want_virial) {
     // Edge vectors are r_j - r_i + shifts · cell: with cell = 1 and zero
@@ -100,8 +107,7 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
     const at::Tensor g = grads[1].defined() ? grads[1].to(at::kCPU, at::kDouble)
                                             : at::zeros({nl.num_edges(), 3}, at::kDouble);
     const at::Tensor i = nl.edge_index[0], j = nl.edge_index[1];
-    const at::Tensor vec = pos_cpu.index_select(0, j) - pos_cpu.index_select(0, i);  // r_e [E,3]
-    const at::Tensor w = voigt(vec.unsqueeze(2) * g.unsqueeze(1));                // r_e ⊗ ∂E/∂r_e [E,6]
+    const at::Tensor w = voigt(vec.unsqueeze(2) * g.unsqueeze(1));  // r_e ⊗ ∂E/∂r_e [E,6]
     if (options.virial) out.virial = w.sum(0).contiguous();
     if (options.particle_virial) {
       out.particle_virial = at::zeros({n, 6}, at::kDouble).index_add_(0, i, 0.5 * w).index_add_(0, j, 0.5 * w);

@@ -60,6 +60,11 @@ def write_system(path, type_map, types, sets, nopbc=False):
             np.save(os.path.join(d, name + ".npy"), a)
 
 
+def remove_if_present(path):
+    if os.path.exists(path):
+        os.remove(path)
+
+
 def symmetric(m):
     """Virials are symmetric tensors (ASE keeps only their Voigt part)."""
     return 0.5 * (m + np.swapaxes(m, -1, -2))
@@ -214,8 +219,7 @@ class AseDatabase(unittest.TestCase):
         from ase.db import connect
         os.makedirs(WORK, exist_ok=True)
         cls.path = os.path.join(WORK, "set.db")
-        if os.path.exists(cls.path):
-            os.remove(cls.path)
+        remove_if_present(cls.path)
         db = connect(cls.path)
         rng = np.random.default_rng(3)
         for k, a in enumerate(read(TIAL, index=":40")):
@@ -229,6 +233,15 @@ class AseDatabase(unittest.TestCase):
         db.write(slab, config_type="slab", dft_energy=-6.0)
         cls.rows = [row for row in connect(cls.path).select()]
 
+    def assert_same_atoms(self, a, b):
+        """Numbers, positions, cell, pbc, energy and forces bit for bit."""
+        np.testing.assert_array_equal(a.numbers, b.numbers)
+        np.testing.assert_array_equal(a.positions, b.positions)
+        np.testing.assert_array_equal(a.cell[:], b.cell[:])
+        np.testing.assert_array_equal(a.pbc, b.pbc)
+        self.assertEqual(a.get_potential_energy(), b.get_potential_energy())
+        np.testing.assert_array_equal(a.get_forces(), b.get_forces())
+
     def test_rows_equal_ase(self):
         out = os.path.join(WORK, "from_db.xyz")
         p = crucible("convert", self.path, out)
@@ -237,12 +250,7 @@ class AseDatabase(unittest.TestCase):
         self.assertEqual(len(frames), len(self.rows))
         for a, row in zip(frames, self.rows):
             b = row.toatoms()
-            np.testing.assert_array_equal(a.numbers, b.numbers)
-            np.testing.assert_array_equal(a.positions, b.positions)
-            np.testing.assert_array_equal(a.cell[:], b.cell[:])
-            np.testing.assert_array_equal(a.pbc, b.pbc)
-            self.assertEqual(a.get_potential_energy(), b.get_potential_energy())
-            np.testing.assert_array_equal(a.get_forces(), b.get_forces())
+            self.assert_same_atoms(a, b)
             if b.pbc.all():
                 np.testing.assert_array_equal(a.get_stress(), b.get_stress())
             self.assertEqual(a.info["config_type"], row.config_type)
@@ -261,19 +269,12 @@ class AseDatabase(unittest.TestCase):
     def test_written_databases_are_read_by_ase_and_round_trip_exactly(self):
         from ase.db import connect
         copy = os.path.join(WORK, "copy.db")
-        if os.path.exists(copy):
-            os.remove(copy)
+        remove_if_present(copy)
         crucible("convert", self.path, copy)  # .db -> .db through Crucible
         again = list(connect(copy).select())
         self.assertEqual(len(again), len(self.rows))
         for a, b in zip(self.rows, again):
-            x, y = a.toatoms(), b.toatoms()
-            np.testing.assert_array_equal(x.numbers, y.numbers)
-            np.testing.assert_array_equal(x.positions, y.positions)
-            np.testing.assert_array_equal(x.cell[:], y.cell[:])
-            np.testing.assert_array_equal(x.pbc, y.pbc)
-            self.assertEqual(x.get_potential_energy(), y.get_potential_energy())
-            np.testing.assert_array_equal(x.get_forces(), y.get_forces())
+            self.assert_same_atoms(a.toatoms(), b.toatoms())
             if a.get("stress") is not None:
                 np.testing.assert_array_equal(a.stress, b.stress)
             self.assertEqual(a.key_value_pairs, b.key_value_pairs)
@@ -282,8 +283,7 @@ class AseDatabase(unittest.TestCase):
         self.assertEqual(connect(copy).count("Ti"), len(self.rows))
         # The bundled extxyz file as a database: ASE finds the file's values.
         tial = os.path.join(WORK, "tial.db")
-        if os.path.exists(tial):
-            os.remove(tial)
+        remove_if_present(tial)
         crucible("convert", TIAL, tial)
         for a, row in zip(read(TIAL, index=":"), connect(tial).select()):
             b = row.toatoms()
@@ -303,8 +303,7 @@ class AseDatabase(unittest.TestCase):
         self.assertIn("an ASE database must be an SQLite file", p.stderr)
         import sqlite3
         other = os.path.join(WORK, "other.db")
-        if os.path.exists(other):
-            os.remove(other)
+        remove_if_present(other)
         con = sqlite3.connect(other)
         con.execute("CREATE TABLE t (x INTEGER)")
         con.commit()

@@ -27,10 +27,9 @@ void initialize_from(EnergyModel& target, const EnergyModel& source, const std::
 
 /// Qualified names ("main.<parameter>") of the parameters of `model` that
 /// do NOT match `pattern` (std::regex_search on the parameter name): the
-/// trainable set for training.freeze. `frozen` receives the others.
+/// trainable set for training.freeze.
 /// @throws ConfigError if the pattern is not a valid regex, or matches no
 ///         parameter (listing a few names).
-std::set<std::string> trainable_parameters(EnergyModel& model, const std::string& pattern,
-                                           std::vector<std::string>* frozen);
+std::set<std::string> trainable_parameters(EnergyModel& model, const std::string& pattern);
 
 }  // namespace crucible

@@ -99,5 +99,8 @@ void write_extxyz(const std::string& path, const std::vector<Structure>& structu
 int64_t atomic_number(const std::string& symbol);
 /// Atomic number → chemical symbol. @throws DataError if out of range.
 const std::string& chemical_symbol(int64_t z);
+/// The chemical symbols of `zs` joined by `separator` ("Al Ti"); "" for
+/// none. @throws DataError for an atomic number outside 1..118.
+std::string element_symbols(const std::vector<int64_t>& zs, const std::string& separator = " ");
 
 }  // namespace crucible

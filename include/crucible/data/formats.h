@@ -10,9 +10,6 @@
 
 namespace crucible {
 
-/// The formats `data.format` names besides auto.
-const std::vector<std::string>& data_formats();
-
 /// The format of `path` for data.format=auto: "deepmd" for a directory
 /// holding a DeePMD system (type.raw) in it or below, "ase_db" for a .db or
 /// SQLite file, else "extxyz".
