@@ -9,8 +9,10 @@
 #include "crucible/models/energy_model.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -23,6 +25,28 @@ void EnergyModel::set_energy_normalization(const at::Tensor&, double, double) {
 
 at::Tensor EnergyModel::node_energies(const Batch&) {
   throw std::logic_error(name() + ": the model has no per-atom energies");
+}
+
+namespace {
+thread_local bool t_inference_path = false;
+}  // namespace
+
+InferencePathGuard::InferencePathGuard(bool enabled) : previous_(t_inference_path) {
+  t_inference_path = enabled;
+}
+InferencePathGuard::~InferencePathGuard() { t_inference_path = previous_; }
+
+bool inference_path_enabled() {
+  return t_inference_path && !at::autocast::is_cpu_enabled() && !at::autocast::is_enabled();
+}
+
+int64_t inference_edge_chunk() {
+  static const int64_t chunk = [] {
+    const char* v = std::getenv("CRUCIBLE_EDGE_CHUNK");
+    const long long c = v ? std::atoll(v) : 0;
+    return c >= 1 ? static_cast<int64_t>(c) : int64_t{1024};
+  }();
+  return chunk;
 }
 
 at::Tensor edge_vectors(const Batch& batch) {
@@ -80,7 +104,11 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
   }
 
   no_autocast.reset();  // the model's inner layers follow the enclosing region
-  at::Tensor energy = model.energy(b);  // [B]
+  at::Tensor energy;
+  {
+    InferencePathGuard inference(!options.training);  // chunked kernels (issue 19)
+    energy = model.energy(b);  // [B]
+  }
   no_autocast.emplace();
   if (energy.scalar_type() != positions.scalar_type() && at::isFloatingType(energy.scalar_type()) &&
       c10::elementSize(energy.scalar_type()) < c10::elementSize(positions.scalar_type())) {

@@ -76,6 +76,37 @@ class AutocastDisabledGuard {
   c10::impl::ExcludeDispatchKeyGuard guard_;
 };
 
+/// RAII scope of the inference path (issue 19, deliverable 1): inside it, on
+/// this thread, a model may compute its energy with kernels whose backward
+/// gives first derivatives with respect to geometry and node features only
+/// (forces, stress, virials) and that keep no per-edge tensors between
+/// forward and backward, processing edges in chunks instead. Such a backward
+/// throws std::runtime_error if a parameter gradient or a differentiable
+/// backward (create_graph) is asked of it. `compute_outputs` opens it when
+/// `ComputeOptions::training` is false; the KIM cluster evaluation opens it
+/// too. Nestable; the previous state returns on exit. Never throws.
+class InferencePathGuard {
+ public:
+  explicit InferencePathGuard(bool enabled = true);
+  ~InferencePathGuard();
+  InferencePathGuard(const InferencePathGuard&) = delete;
+  InferencePathGuard& operator=(const InferencePathGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// True inside an InferencePathGuard(true) on this thread and outside any
+/// autocast region (the chunked kernels compute in the tensors' dtype, so a
+/// mixed-precision region keeps the autograd path). Never throws.
+bool inference_path_enabled();
+
+/// Edges per chunk of the inference path's kernels: rows of the per-edge
+/// temporaries, sized so that a chunk's [chunk, 64] float32 tensors stay in
+/// a core's L2 cache (256 KiB each at the default 1024). Default 1024, or
+/// the environment's CRUCIBLE_EDGE_CHUNK (>= 1) for experiments. Never throws.
+int64_t inference_edge_chunk();
+
 /// Edge vectors r_ij = positions[j] - positions[i] + shifts · cell[batch[i]]:
 /// [E,3], Å, dtype of positions, differentiable w.r.t. positions and cell.
 /// Computed with autocast off (AutocastDisabledGuard), so a mixed-precision

@@ -5,6 +5,7 @@
 
 #include "crucible/models/schnet.h"
 #include "crucible/models/cfconv.h"
+#include "crucible/models/filter_convolution.h"
 #include "crucible/models/shifted_softplus.h"
 
 #include <ATen/ATen.h>
@@ -83,10 +84,15 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   const at::ScalarType layer = out2_->weight.scalar_type();
 
   const bool ref = options_.reference_autograd;
+  // Inference path (issue 19): the filter network and cfconv fused over
+  // edge chunks, no per-edge tensor kept for the backward.
+  const bool chunked = !ref && inference_path_enabled() && geom == layer &&
+                       (geom == at::kFloat || geom == at::kDouble);
   const at::Tensor i = batch.edge_index.select(0, 0);
   const at::Tensor j = batch.edge_index.select(0, 1);
   at::Tensor rbf, fc;
   at::Tensor edge_pair, pair_rep;  // fast path: [E] pair of each edge, [P] one edge per pair
+  at::Tensor pair_d;               // inference path: [P] pair distances
   {
     // Force-safe geometry (issue 3, deliverable 4): autocast off, so edge
     // vectors, distances, the Gaussian basis and the cutoff keep `geom`.
@@ -102,13 +108,19 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
       std::tie(edge_pair, pair_rep) = reverse_edge_pairs(batch.edge_index, shifts);
       d = d.index_select(0, pair_rep);                           // [P]
     }
+    if (chunked) {
+      pair_d = d;
+    } else {
     // Gaussian expansion g_k(d) = exp(-γ (d - μ_k)²): [E,G].
     rbf = at::exp(-gamma * (d.unsqueeze(-1) - offsets_.to(geom)).pow(2));
     // Cosine cutoff f_c(d) = ½(cos(πd/r_c) + 1) for d < r_c, else 0 (Behler 2011): [E].
     fc = 0.5 * (at::cos(d * (kPi / rc)) + 1.0) * (d < rc).to(geom);
+    }
   }
   // Inner layers run in the layer dtype, or autocast's inside a mixed region.
-  const at::Tensor rbf_in = rbf.to(layer);
+  const at::Tensor rbf_in = chunked ? at::Tensor() : rbf.to(layer);
+  PairEdges pair_edges;
+  if (chunked) pair_edges = group_edges_by_pair(edge_pair, pair_rep.size(0), batch.edge_index);
 
   at::Tensor x = embedding_->forward(batch.atomic_numbers);   // [N,F]
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
@@ -117,12 +129,20 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     auto in2f = in2f_->ptr<torch::nn::LinearImpl>(t);
     auto f2out = f2out_->ptr<torch::nn::LinearImpl>(t);
     auto dense = dense_->ptr<torch::nn::LinearImpl>(t);
+    const at::Tensor h = in2f->forward(x);                    // [N,K]
+    at::Tensor v;                                             // Σ_j h_j ⊙ W_ij, [N,K]
+    if (chunked) {
+      const FilterNetwork net{filter1->weight, filter1->bias, filter2->weight, filter2->bias,
+                              offsets_.to(geom), gamma, rc};
+      v = filter_convolution(h, pair_d, net, pair_edges, inference_edge_chunk());
+      v = dense->forward(ssp(f2out->forward(v), ref));
+      x = x + v;
+      continue;
+    }
     // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
     at::Tensor W =
         filter2->forward(ssp(filter1->forward(rbf_in), ref)) * fc.unsqueeze(-1).to(layer);
     if (!ref) W = W.index_select(0, edge_pair);               // pairs → edges, [E,K]
-    const at::Tensor h = in2f->forward(x);                    // [N,K]
-    at::Tensor v;                                             // Σ_j h_j ⊙ W_ij, [N,K]
     if (ref) {
       const at::Tensor msg = h.index_select(0, j) * W;        // [E,K]
       v = at::zeros({N, msg.size(1)}, msg.options()).index_add(0, i, msg);

@@ -1,0 +1,128 @@
+// Inference at MD scale (issue 19): energy, forces and stress of rattled
+// fcc Cu cells (5 Å cutoff) through the C++ API, for SchNet (64 features,
+// 3 interactions, 20 Gaussians) or MACE (32x0e+32x1o, l ≤ 3, correlation 3,
+// 2 interactions), float32, random weights. Per size it prints atoms/s and
+// the peak resident memory per atom that the evaluation added (VmHWM after
+// the call minus VmRSS before it, peak reset through /proc/self/clear_refs;
+// neighbor list and batch are built before). One key=value line per size;
+// run by bench/run_benchmarks.py.
+// Run: ./build/bench/bench_inference [--model schnet|mace] [--threads N]
+//      [--reps 4,8,16,32] [--path inference|training]
+
+#include "crucible/data/dataset.h"
+#include "crucible/models/energy_model.h"
+#include "crucible/models/mace/mace.h"
+#include "crucible/models/schnet.h"
+#include "crucible/training/blas_kernels.h"
+#include "fcc_cu.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+// Linux: kB of the named /proc/self/status line ("VmRSS", "VmHWM").
+double status_kb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(f, line)) {
+    if (line.compare(0, k.size(), k) == 0) return std::atof(line.c_str() + k.size());
+  }
+  return 0.0;
+}
+
+void reset_peak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  size_t p = 0;
+  while (p < s.size()) {
+    const size_t k = s.find(',', p);
+    out.push_back(std::atoi(s.substr(p, k - p).c_str()));
+    p = k == std::string::npos ? s.size() : k + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace crucible;
+  select_blas_kernels(argc, argv);  // as crucible's main does
+  std::string model_name = "schnet", path = "inference";
+  int threads = 1;
+  std::vector<int> reps = {4, 8, 16, 32};
+  for (int k = 1; k + 1 < argc; k += 2) {
+    const std::string key = argv[k], value = argv[k + 1];
+    if (key == "--model") model_name = value;
+    else if (key == "--threads") threads = std::atoi(value.c_str());
+    else if (key == "--reps") reps = parse_list(value);
+    else if (key == "--path") path = value;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", key.c_str());
+      return 1;
+    }
+  }
+  at::set_num_threads(threads);
+  at::manual_seed(0);
+  std::shared_ptr<EnergyModel> model;
+  if (model_name == "schnet") {
+    SchNetOptions so;
+    so.cutoff = 5.0;
+    model = std::make_shared<SchNetImpl>(so);
+  } else if (model_name == "mace") {
+    MaceOptions mo;
+    mo.atomic_numbers = {29};
+    mo.avg_num_neighbors = 42.0;
+    model = std::make_shared<MaceImpl>(mo);
+  } else {
+    std::fprintf(stderr, "--model schnet|mace\n");
+    return 1;
+  }
+  for (int rep : reps) {
+    auto [positions, cell] = bench::fcc_cu(rep);
+    const int64_t n = positions.size(0);
+    Structure s;
+    s.positions = positions;
+    s.atomic_numbers = at::full({n}, 29, at::kLong);
+    s.cell = cell;
+    s.pbc = {true, true, true};
+    AtomicDataset ds({s}, 5.0);
+    const Batch batch = ds.collate({0}).to(at::kCPU, at::kFloat);
+    ComputeOptions co;
+    co.forces = true;
+    co.stress = true;
+    co.training = path == "training";
+    const int calls = n <= 2048 ? 5 : (n <= 16384 ? 3 : 2);
+    double best = 1e30, peak_kb = 0.0;
+    for (int c = 0; c < calls; ++c) {
+      const double rss0 = status_kb("VmRSS");
+      reset_peak();
+      const auto t0 = std::chrono::steady_clock::now();
+      {
+        ModelOutputs out = compute_outputs(*model, batch, co);
+        if (co.training) (void)out.forces.sum().item<float>();
+      }
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::min(best, dt);
+      peak_kb = std::max(peak_kb, status_kb("VmHWM") - rss0);
+    }
+    std::printf("model=%s path=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f peak_kb_per_atom=%.2f\n",
+                model_name.c_str(), path.c_str(), threads, static_cast<long long>(n),
+                static_cast<long long>(batch.num_edges()), n / best, 1e6 * best / n, peak_kb / n);
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,177 @@
+// Issue 19, deliverable 1: the inference path (ComputeOptions::training =
+// false, chunked edge kernels without per-edge tensors kept for the
+// backward) equals the training path (autograd layers, create_graph) in
+// energy, forces and stress to 1e-10 in float64, for every chunk size and
+// thread count; its backward refuses parameter gradients and create_graph.
+
+#include "crucible/models/energy_model.h"
+#include "crucible/models/filter_convolution.h"
+#include "crucible/models/mace/mace.h"
+#include "crucible/models/schnet.h"
+#include "crucible/models/shifted_softplus.h"
+#include "models/helpers.h"
+
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+namespace crucible {
+namespace {
+
+using testing::make_batch;
+using testing::molecule;
+using testing::random_periodic;
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+Batch mixed_batch(double cutoff) {
+  // Two triclinic periodic cells (one with two species) and a molecule.
+  return make_batch({random_periodic(5, {29}, 3), random_periodic(7, {13, 22}, 4), molecule()}, cutoff);
+}
+
+std::shared_ptr<EnergyModel> schnet_model() {
+  at::manual_seed(11);
+  SchNetOptions o;
+  o.hidden_channels = 16;
+  o.num_filters = 12;
+  o.num_interactions = 3;
+  o.num_gaussians = 10;
+  o.cutoff = 3.5;
+  auto m = std::make_shared<SchNetImpl>(o);
+  m->to(at::kDouble);
+  // Non-trivial biases (PyTorch initialises them small and uniform).
+  at::NoGradGuard no_grad;
+  for (auto& p : m->named_parameters()) p.value().add_(0.3 * at::randn_like(p.value()));
+  return m;
+}
+
+std::shared_ptr<EnergyModel> mace_model() {
+  at::manual_seed(12);
+  MaceOptions o;
+  o.hidden_irreps = "4x0e+4x1o";
+  o.max_ell = 2;
+  o.correlation = 2;
+  o.num_interactions = 2;
+  o.radial_mlp = {8, 8};
+  o.cutoff = 3.5;
+  o.avg_num_neighbors = 8.0;
+  o.atomic_numbers = {1, 6, 8, 13, 22, 29};
+  auto m = std::make_shared<MaceImpl>(o);
+  m->to(at::kDouble);
+  return m;
+}
+
+void expect_paths_equal(EnergyModel& model, const Batch& batch) {
+  ComputeOptions train;
+  train.stress = true;
+  train.training = true;
+  ComputeOptions infer = train;
+  infer.training = false;
+  const ModelOutputs a = compute_outputs(model, batch, train);
+  const ModelOutputs b = compute_outputs(model, batch, infer);
+  // Scale of the values, so that a test of zeros cannot pass.
+  ASSERT_GT(a.forces.abs().max().item<double>(), 1e-3);
+  ASSERT_GT(a.stress.abs().max().item<double>(), 1e-5);
+  EXPECT_LT(max_abs_diff(a.energy, b.energy), 1e-10);
+  EXPECT_LT(max_abs_diff(a.forces, b.forces), 1e-10);
+  EXPECT_LT(max_abs_diff(a.stress, b.stress), 1e-10);
+  EXPECT_FALSE(b.forces.requires_grad());
+}
+
+TEST(InferencePath, SchNetEqualsTrainingPathInFloat64) {
+  auto model = schnet_model();
+  const Batch batch = mixed_batch(3.5);
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    expect_paths_equal(*model, batch);
+  }
+  at::set_num_threads(1);
+}
+
+TEST(InferencePath, MaceEqualsTrainingPathInFloat64) {
+  auto model = mace_model();
+  const Batch batch = mixed_batch(3.5);
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    expect_paths_equal(*model, batch);
+  }
+  at::set_num_threads(1);
+}
+
+TEST(InferencePath, TheModelsUseItInsideTheGuardOnly) {
+  // The backward of the chunked kernels refuses parameter gradients, so a
+  // parameter gradient taken through energy() tells which path ran.
+  const Batch batch = mixed_batch(3.5);
+  for (auto model : {schnet_model()}) {
+    auto params = model->module().parameters();
+    {
+      at::Tensor e = model->energy(batch).sum();
+      EXPECT_NO_THROW(torch::autograd::grad({e}, {params[0]}, {}, false, false, true));
+    }
+    InferencePathGuard guard;
+    EXPECT_TRUE(inference_path_enabled());
+    at::Tensor e = model->energy(batch).sum();
+    std::vector<at::Tensor> all(params.begin(), params.end());
+    EXPECT_THROW(torch::autograd::grad({e}, all, {}, false, false, true), std::exception) << model->name();
+  }
+  EXPECT_FALSE(inference_path_enabled());
+}
+
+TEST(InferencePath, FilterConvolutionMatchesCompositeOpsForEveryChunk) {
+  // Oracle: the filter network written with autograd ops, then gather ·
+  // multiply · index_add; values and first derivatives w.r.t. h and d.
+  at::manual_seed(5);
+  const int64_t N = 6, P = 23, K = 5, G = 4;
+  const double gamma = 2.0, rc = 3.0;
+  // Pairs: each twice (both directions), one alone.
+  std::vector<int64_t> recv, send, pair;
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t a = p % N, b = (p * 5 + 1) % N;
+    recv.push_back(a); send.push_back(b); pair.push_back(p);
+    if (p != 7) { recv.push_back(b); send.push_back(a); pair.push_back(p); }
+  }
+  const at::Tensor edge_index = at::stack({at::tensor(recv, at::kLong), at::tensor(send, at::kLong)});
+  const at::Tensor edge_pair = at::tensor(pair, at::kLong);
+  FilterNetwork net{at::randn({K, G}, at::kDouble), at::randn({K}, at::kDouble), at::randn({K, K}, at::kDouble),
+                    at::randn({K}, at::kDouble), at::linspace(0.0, rc, G, at::kDouble), gamma, rc};
+  const at::Tensor h0 = at::randn({N, K}, at::kDouble);
+  at::Tensor d0 = 0.5 + 3.0 * at::rand({P}, at::kDouble);  // some beyond rc
+  const at::Tensor up = at::randn({N, K}, at::kDouble);
+
+  at::Tensor h = h0.clone().requires_grad_(true), d = d0.clone().requires_grad_(true);
+  const at::Tensor rbf = at::exp(-gamma * (d.unsqueeze(-1) - net.offsets).pow(2));
+  const at::Tensor a1 = at::addmm(net.b1, rbf, net.w1.t());
+  const at::Tensor W = at::addmm(net.b2, shifted_softplus_reference(a1), net.w2.t()) *
+                       (0.5 * (at::cos(d * (M_PI / rc)) + 1.0) * (d < rc).to(at::kDouble)).unsqueeze(-1);
+  const at::Tensor v_ref = at::zeros({N, K}, at::kDouble)
+                               .index_add(0, edge_index[0], h.index_select(0, edge_index[1]) *
+                                                                W.index_select(0, edge_pair));
+  const auto g_ref = torch::autograd::grad({(v_ref * up).sum()}, {h, d});
+  ASSERT_GT(g_ref[1].abs().max().item<double>(), 1e-3);
+
+  const PairEdges edges = group_edges_by_pair(edge_pair, P, edge_index);
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    for (int64_t chunk : {int64_t{1}, int64_t{3}, int64_t{8}, P, int64_t{1000}}) {
+      at::Tensor hb = h0.clone().requires_grad_(true), db = d0.clone().requires_grad_(true);
+      const at::Tensor v = filter_convolution(hb, db, net, edges, chunk);
+      const auto g = torch::autograd::grad({(v * up).sum()}, {hb, db});
+      EXPECT_LT(max_abs_diff(v, v_ref), 1e-12) << "chunk " << chunk;
+      EXPECT_LT(max_abs_diff(g[0], g_ref[0]), 1e-12) << "chunk " << chunk;
+      EXPECT_LT(max_abs_diff(g[1], g_ref[1]), 1e-12) << "chunk " << chunk;
+      // create_graph is the training path's.
+      at::Tensor hc = h0.clone().requires_grad_(true);
+      const at::Tensor vc = filter_convolution(hc, d0, net, edges, chunk);
+      EXPECT_THROW(torch::autograd::grad({vc.sum()}, {hc}, {}, true, true), std::exception);
+    }
+  }
+  at::set_num_threads(1);
+}
+
+}  // namespace
+}  // namespace crucible
