@@ -12,7 +12,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <string>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -31,6 +33,10 @@ namespace {
 thread_local bool t_inference_path = false;
 }  // namespace
 
+namespace {
+std::atomic<int64_t> g_edge_chunk_override{0};
+}  // namespace
+
 InferencePathGuard::InferencePathGuard(bool enabled) : previous_(t_inference_path) {
   t_inference_path = enabled;
 }
@@ -41,12 +47,18 @@ bool inference_path_enabled() {
 }
 
 int64_t inference_edge_chunk() {
+  if (const int64_t o = g_edge_chunk_override.load()) return o;
   static const int64_t chunk = [] {
     const char* v = std::getenv("CRUCIBLE_EDGE_CHUNK");
     const long long c = v ? std::atoll(v) : 0;
     return c >= 1 ? static_cast<int64_t>(c) : int64_t{1024};
   }();
   return chunk;
+}
+
+void set_inference_edge_chunk(int64_t chunk) {
+  if (chunk < 0) throw std::invalid_argument("set_inference_edge_chunk: chunk must be >= 0, got " + std::to_string(chunk));
+  g_edge_chunk_override.store(chunk);
 }
 
 at::Tensor edge_vectors(const Batch& batch) {

@@ -88,8 +88,12 @@ TEST(InferencePath, SchNetEqualsTrainingPathInFloat64) {
   const Batch batch = mixed_batch(3.5);
   for (int threads : {1, 2}) {
     at::set_num_threads(threads);
-    expect_paths_equal(*model, batch);
+    for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{0}}) {  // 0: the default, one chunk here
+      set_inference_edge_chunk(chunk);
+      expect_paths_equal(*model, batch);
+    }
   }
+  set_inference_edge_chunk(0);
   at::set_num_threads(1);
 }
 
@@ -98,8 +102,12 @@ TEST(InferencePath, MaceEqualsTrainingPathInFloat64) {
   const Batch batch = mixed_batch(3.5);
   for (int threads : {1, 2}) {
     at::set_num_threads(threads);
-    expect_paths_equal(*model, batch);
+    for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{0}}) {  // 0: the default, one chunk here
+      set_inference_edge_chunk(chunk);
+      expect_paths_equal(*model, batch);
+    }
   }
+  set_inference_edge_chunk(0);
   at::set_num_threads(1);
 }
 
@@ -107,7 +115,7 @@ TEST(InferencePath, TheModelsUseItInsideTheGuardOnly) {
   // The backward of the chunked kernels refuses parameter gradients, so a
   // parameter gradient taken through energy() tells which path ran.
   const Batch batch = mixed_batch(3.5);
-  for (auto model : {schnet_model()}) {
+  for (auto model : {schnet_model(), mace_model()}) {
     auto params = model->module().parameters();
     {
       at::Tensor e = model->energy(batch).sum();

@@ -107,6 +107,10 @@ bool inference_path_enabled();
 /// the environment's CRUCIBLE_EDGE_CHUNK (>= 1) for experiments. Never throws.
 int64_t inference_edge_chunk();
 
+/// Overrides inference_edge_chunk() for this process (tests, benchmarks);
+/// 0 restores the default. @throws std::invalid_argument if chunk < 0.
+void set_inference_edge_chunk(int64_t chunk);
+
 /// Edge vectors r_ij = positions[j] - positions[i] + shifts · cell[batch[i]]:
 /// [E,3], Å, dtype of positions, differentiable w.r.t. positions and cell.
 /// Computed with autocast off (AutocastDisabledGuard), so a mixed-precision

@@ -338,4 +338,36 @@ at::Tensor edge_contraction(EdgeSlot slot, const at::Tensor& g, const at::Tensor
                                   arg(EdgeSlot::kTable, T), arg(EdgeSlot::kInput, x), receiver, sender, row_path, sizes);
 }
 
+void edge_contraction_accumulate(EdgeSlot slot, at::Tensor& out, const at::Tensor& g, const at::Tensor& w,
+                                 const at::Tensor& T, const at::Tensor& x, const at::Tensor& receiver,
+                                 const at::Tensor& sender, const at::Tensor& row_path) {
+  Sizes z{};
+  z.E = receiver.size(0);
+  z.R = row_path.size(0);
+  z.C = slot == EdgeSlot::kTable ? (x.defined() ? x.size(2) : g.size(2)) : out.size(2);
+  z.D = x.defined() ? x.size(1) : (T.defined() ? T.size(2) : out.size(1));
+  z.P = w.defined() ? w.size(1) : out.size(1);
+  z.N = slot == EdgeSlot::kMessage || slot == EdgeSlot::kInput ? out.size(0) : (x.defined() ? x.size(0) : g.size(0));
+  const bool fused = out.device().is_cpu() && (out.scalar_type() == at::kFloat || out.scalar_type() == at::kDouble);
+  for (const at::Tensor* t : {&g, &w, &T, &x}) {
+    if (!t->defined()) continue;
+    TORCH_CHECK(t->scalar_type() == out.scalar_type() && t->device() == out.device(),
+                "edge_contraction_accumulate: all tensors must share dtype and device");
+    TORCH_CHECK(!fused || t->is_contiguous(), "edge_contraction_accumulate: CPU tensors must be contiguous");
+  }
+  if (!fused) {
+    const at::Tensor r = composite(slot, g, w, T, x, receiver, sender, row_path, z);
+    if (slot == EdgeSlot::kTable) out.copy_(r);
+    else out.add_(r);
+    return;
+  }
+  TORCH_CHECK(out.is_contiguous() && receiver.is_contiguous() && sender.is_contiguous() && row_path.is_contiguous(),
+              "edge_contraction_accumulate: CPU tensors must be contiguous");
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "edge_contraction_accumulate", [&] {
+    auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<scalar_t>() : nullptr; };
+    kernel<scalar_t>(slot, ptr(g), ptr(w), ptr(T), ptr(x), receiver.data_ptr<int64_t>(), sender.data_ptr<int64_t>(),
+                     row_path.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), z);
+  });
+}
+
 }  // namespace crucible::mace

@@ -2,6 +2,8 @@
 // include/crucible/models/mace/mace.h for the equations.
 
 #include "crucible/models/mace/mace.h"
+#include "crucible/models/mace/chunked_interaction.h"
+#include "crucible/models/chunk_parallel.h"
 #include "crucible/models/cfconv.h"
 #include "crucible/models/mace/radial.h"
 #include "crucible/models/mace/spherical_harmonics.h"
@@ -257,15 +259,23 @@ at::Tensor MaceImpl::element_index(const at::Tensor& atomic_numbers) const {
   return idx.to(atomic_numbers.device());
 }
 
-at::Tensor MaceImpl::radial_weights(int64_t t, const at::Tensor& edge_feats) const {
+std::vector<at::Tensor> MaceImpl::radial_mlp_weights(int64_t t) const {
   // e3nn FullyConnectedNet: no biases, x W / √fan_in, normalised SiLU c·silu
   // between layers (c and 1/√fan_in folded into the next weight).
   const auto& W = radial_[static_cast<size_t>(t)];
   const double c = mace::normalized_silu_factor();
+  std::vector<at::Tensor> out;
+  for (size_t k = 0; k < W.size(); ++k) {
+    out.push_back(W[k] * ((k == 0 ? 1.0 : c) / std::sqrt(static_cast<double>(W[k].size(0)))));
+  }
+  return out;
+}
+
+at::Tensor MaceImpl::radial_weights(int64_t t, const at::Tensor& edge_feats) const {
+  const std::vector<at::Tensor> W = radial_mlp_weights(t);
   at::Tensor h = edge_feats;
   for (size_t k = 0; k < W.size(); ++k) {
-    const double scale = (k == 0 ? 1.0 : c) / std::sqrt(static_cast<double>(W[k].size(0)));
-    h = at::matmul(h, W[k] * scale);
+    h = at::matmul(h, W[k]);
     if (k + 1 < W.size()) h = at::silu(h);
   }
   return h;
@@ -273,7 +283,7 @@ at::Tensor MaceImpl::radial_weights(int64_t t, const at::Tensor& edge_feats) con
 
 at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Tensor& elem, const at::Tensor& sender,
                                    const at::Tensor& receiver, const at::Tensor& Y, const at::Tensor& radial,
-                                   const std::vector<at::Tensor>* tables) {
+                                   const std::vector<at::Tensor>* tables, const PairEdges* chunked) {
   const Layer& L = layers_[static_cast<size_t>(t)];
   const size_t ts = static_cast<size_t>(t);
   const int64_t N = h.size(0), C = channels_;
@@ -293,11 +303,16 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Ten
     }
   }
   const at::Tensor hu = keep(linear_irreps(h, L.node, linear_up_[ts]));
-  const at::Tensor w = keep(radial).view({radial.size(0), L.tp->num_paths(), C});
   at::Tensor agg;  // [N, mid, C]
-  if (tables) {
+  if (chunked) {
+    // Inference path: `radial` holds the pair features; weights, tables and
+    // messages are made chunk by chunk (issue 19).
+    agg = mace::chunked_aggregate(hu, Y, radial, radial_mlp_weights(t), *L.tp, *chunked, inference_edge_chunk());
+  } else if (tables) {
+    const at::Tensor w = keep(radial).view({radial.size(0), L.tp->num_paths(), C});
     agg = keep(L.tp->aggregate(hu, *tables, w, receiver, sender));
   } else {
+    const at::Tensor w = keep(radial).view({radial.size(0), L.tp->num_paths(), C});
     const at::Tensor m = L.tp->messages_reference(hu.index_select(0, sender), Y, w);
     agg = at::zeros({N, L.tp->mid_dim(), C}, h.options()).index_add(0, receiver, keep(m));
   }
@@ -325,7 +340,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Ten
 
   // Product basis: symmetric contraction with the element's weights.
   std::vector<std::vector<at::Tensor>> wz(L.out.size());
-  for (size_t b = 0; b < L.out.size(); ++b)
+  for (size_t b = 0; b < L.out.size() && !chunked; ++b)
     for (const auto& W : product_weights_[ts][b]) wz[b].push_back(W.defined() ? W.index_select(0, elem) : at::Tensor());
   std::vector<at::Tensor> prod;
   if (options_.reference_autograd) {
@@ -339,7 +354,26 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Ten
     std::vector<at::Tensor> stacked, indices;  // in A's dtype and device
     for (const auto& c : L.stacked_coefficients) stacked.push_back(c.defined() ? c.to(A.options()) : c);
     for (const auto& i : L.monomial_indices) indices.push_back(i.to(A.device()));
-    prod = mace::symmetric_contraction_fast(A, *L.table, stacked, indices, wz);
+    if (chunked) {
+      // Inference path: the monomials ([N, M_ν, C], ~100 KB per atom at
+      // ν = 3) exist for one chunk of nodes at a time (issue 19).
+      const Layer* Lp = &L;
+      auto weights = product_weights_[ts];
+      auto product = [Lp, stacked, indices, weights, elem](const at::Tensor& A_rows, int64_t b, int64_t e) {
+        const at::Tensor el = elem.slice(0, b, e);
+        std::vector<std::vector<at::Tensor>> w(weights.size());
+        for (size_t o = 0; o < weights.size(); ++o)
+          for (const auto& W : weights[o]) w[o].push_back(W.defined() ? W.index_select(0, el) : at::Tensor());
+        const auto parts = mace::symmetric_contraction_fast(A_rows, *Lp->table, stacked, indices, w);
+        return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
+      };
+      const at::Tensor all = checkpointed_rows(A, std::max<int64_t>(1, inference_edge_chunk() / 16), product);
+      std::vector<int64_t> dims;
+      for (const auto& term : L.out.terms()) dims.push_back(term.irrep.dim());
+      prod = at::split_with_sizes(all, dims, 1);
+    } else {
+      prod = mace::symmetric_contraction_fast(A, *L.table, stacked, indices, wz);
+    }
   }
   std::vector<at::Tensor> out;
   for (size_t b = 0; b < L.out.size(); ++b) {
@@ -356,6 +390,10 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
   const at::Tensor receiver = batch.edge_index.select(0, 0);
   const at::Tensor sender = batch.edge_index.select(0, 1);
   const bool ref = options_.reference_autograd;
+  const at::ScalarType layer = embedding_.scalar_type();
+  // Inference path (issue 19): radial MLP, tables and messages per edge chunk.
+  const bool chunked = !ref && inference_path_enabled() && geom == layer &&
+                       (geom == at::kFloat || geom == at::kDouble);
   at::Tensor Y, edge_feats, edge_pair, pair_rep;
   std::vector<std::vector<at::Tensor>> tables(layers_.size());
   {
@@ -372,7 +410,7 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     }
     edge_feats = mace::bessel_basis(r, options_.cutoff, options_.num_bessel) *
                  mace::polynomial_cutoff(r, options_.cutoff, options_.num_polynomial_cutoff).unsqueeze(-1);
-    if (!ref) {
+    if (!ref && !chunked) {
       // Parameter-free coupling tables, once per distinct layer input.
       for (size_t t = 0; t < layers_.size(); ++t) {
         if (t >= 2) {
@@ -383,7 +421,8 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
       }
     }
   }
-  const at::ScalarType layer = embedding_.scalar_type();
+  PairEdges pair_edges;
+  if (chunked) pair_edges = group_edges_by_pair(edge_pair, pair_rep.size(0), batch.edge_index);
   for (auto& tt : tables)
     for (auto& x : tt)
       if (x.defined()) x = x.to(layer);
@@ -391,9 +430,13 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
   const at::Tensor feats = edge_feats.to(layer);
   at::Tensor energy;  // [N], geometry dtype
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
-    at::Tensor radial = radial_weights(t, feats);
-    if (!ref) radial = radial.index_select(0, edge_pair);
-    h = layer_forward(t, h, elem, sender, receiver, Y, radial, ref ? nullptr : &tables[static_cast<size_t>(t)]);
+    if (chunked) {
+      h = layer_forward(t, h, elem, sender, receiver, Y, feats, nullptr, &pair_edges);
+    } else {
+      at::Tensor radial = radial_weights(t, feats);
+      if (!ref) radial = radial.index_select(0, edge_pair);
+      h = layer_forward(t, h, elem, sender, receiver, Y, radial, ref ? nullptr : &tables[static_cast<size_t>(t)]);
+    }
     const auto& R = readout_[static_cast<size_t>(t)];
     const auto offs = layers_[static_cast<size_t>(t)].out.offsets();
     const at::Tensor s = h.select(1, offs[layers_[static_cast<size_t>(t)].out_scalar]);  // [N, C]

@@ -2,8 +2,8 @@
 // include/crucible/models/filter_convolution.h.
 
 #include "crucible/models/filter_convolution.h"
+#include "crucible/models/chunk_parallel.h"
 
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -79,31 +79,6 @@ bool cpu_fast(const at::Tensor& h) {
   return h.device().is_cpu() && (h.scalar_type() == at::kFloat || h.scalar_type() == at::kDouble);
 }
 
-/// Runs body(chunk_index, accumulator) over the chunks, split among threads;
-/// each thread adds into its own [N,K] tensor; returns their sum.
-template <class Body>
-at::Tensor over_chunks(int64_t num_chunks, const at::Tensor& like, const Body& body) {
-  const int threads = at::get_num_threads();
-  if (threads <= 1 || num_chunks < 2) {
-    at::Tensor acc = at::zeros_like(like);
-    for (int64_t c = 0; c < num_chunks; ++c) body(c, acc);
-    return acc;
-  }
-  std::vector<at::Tensor> acc(static_cast<size_t>(threads));
-  at::parallel_for(0, num_chunks, 1, [&](int64_t begin, int64_t end) {
-    at::Tensor& mine = acc[static_cast<size_t>(at::get_thread_num())];
-    if (!mine.defined()) mine = at::zeros_like(like);
-    for (int64_t c = begin; c < end; ++c) body(c, mine);
-  });
-  at::Tensor total;
-  for (auto& a : acc) {
-    if (!a.defined()) continue;
-    if (total.defined()) total.add_(a);
-    else total = a;
-  }
-  return total.defined() ? total : at::zeros_like(like);
-}
-
 struct FilterConv : public Function<FilterConv> {
   // Inputs: h, d, w1, b1, w2, b2 (differentiable), offsets, then the edge
   // grouping (edge_pair, order, offsets, receiver, sender).
@@ -120,7 +95,8 @@ struct FilterConv : public Function<FilterConv> {
     const int64_t* off = pair_offsets.data_ptr<int64_t>();
     const int64_t num_chunks = (P + chunk - 1) / chunk;
     const at::Tensor hc = h.contiguous();
-    return over_chunks(num_chunks, hc, [&](int64_t c, at::Tensor& acc) {
+    return sum_over_chunks(num_chunks, {hc}, [&](int64_t c, std::vector<at::Tensor>& accs) {
+      at::Tensor& acc = accs[0];
       const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
       const ChunkFilter f = chunk_filter(d, p0, p1, w1, b1, w2, b2, mu, gamma, rc);
       if (cpu_fast(hc)) {
@@ -136,7 +112,7 @@ struct FilterConv : public Function<FilterConv> {
         acc.index_add_(0, receiver.index_select(0, ec),
                        hc.index_select(0, sender.index_select(0, ec)) * f.W.index_select(0, local));
       }
-    });
+    })[0];
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -162,7 +138,8 @@ struct FilterConv : public Function<FilterConv> {
     const int64_t* off = pair_offsets.data_ptr<int64_t>();
     const int64_t num_chunks = (P + chunk - 1) / chunk;
     at::Tensor gd = at::zeros_like(d);
-    at::Tensor gh = over_chunks(num_chunks, hc, [&](int64_t c, at::Tensor& acc) {
+    at::Tensor gh = sum_over_chunks(num_chunks, {hc}, [&](int64_t c, std::vector<at::Tensor>& accs) {
+      at::Tensor& acc = accs[0];
       const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
       const ChunkFilter f = chunk_filter(d, p0, p1, w1, b1, w2, b2, mu, gamma, rc);
       at::Tensor gW = at::zeros_like(f.W);
@@ -191,7 +168,7 @@ struct FilterConv : public Function<FilterConv> {
       at::Tensor g_d = (g_rbf * f.rbf * (-2.0 * gamma) * dmu).sum(-1);
       g_d = g_d + g_fc * (-0.5 * kPi / rc) * at::sin(f.dc * (kPi / rc)) * (f.dc < rc).to(d.scalar_type());
       gd.slice(0, p0, p1).copy_(g_d);
-    });
+    })[0];
     at::Tensor gh_out = ctx->needs_input_grad(0) ? gh : at::Tensor();
     at::Tensor gd_out = ctx->needs_input_grad(1) ? gd : at::Tensor();
     return {gh_out, gd_out, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),

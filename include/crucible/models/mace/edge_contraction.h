@@ -40,4 +40,17 @@ at::Tensor edge_contraction(EdgeSlot slot, const at::Tensor& g, const at::Tensor
                             const at::Tensor& row_path, int64_t num_nodes, int64_t num_paths, int64_t rows,
                             int64_t dim, int64_t channels);
 
+/// Accumulating form without autograd, for the inference path's edge
+/// chunks (issue 19): `out` += the slot's derivative over the edges given
+/// (`out` = for kTable). Shapes as above, with E the chunk's edges: out is
+/// g-shaped [N, R, C] (kMessage), x-shaped [N, D, C] (kInput), w-shaped
+/// [E, P, C] (kWeights) or T-shaped [E, R, D] (kTable). CPU float32/float64
+/// tensors must be contiguous (the fused loops read them in place, so a
+/// chunk never copies a node-sized tensor); other devices and dtypes use
+/// the composite operations. @throws c10::Error on mismatched dtypes or
+/// devices, or non-contiguous CPU tensors.
+void edge_contraction_accumulate(EdgeSlot slot, at::Tensor& out, const at::Tensor& g, const at::Tensor& w,
+                                 const at::Tensor& T, const at::Tensor& x, const at::Tensor& receiver,
+                                 const at::Tensor& sender, const at::Tensor& row_path);
+
 }  // namespace crucible::mace

@@ -4,6 +4,7 @@
 // (mace/modules/models.py, v0.3): issue 16.
 
 #include "crucible/models/energy_model.h"
+#include "crucible/models/filter_convolution.h"
 #include "crucible/models/mace/irreps.h"
 #include "crucible/models/mace/symmetric_contraction.h"
 #include "crucible/models/mace/tensor_product.h"
@@ -101,7 +102,9 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   at::Tensor radial_weights(int64_t t, const at::Tensor& edge_feats) const;
   at::Tensor layer_forward(int64_t t, const at::Tensor& h, const at::Tensor& elem, const at::Tensor& sender,
                            const at::Tensor& receiver, const at::Tensor& Y, const at::Tensor& radial,
-                           const std::vector<at::Tensor>* tables);
+                           const std::vector<at::Tensor>* tables, const PairEdges* chunked = nullptr);
+  /// The radial MLP's weights of layer t with their scales folded in.
+  std::vector<at::Tensor> radial_mlp_weights(int64_t t) const;
 
   MaceOptions options_;
   mace::Irreps hidden_;  // per channel

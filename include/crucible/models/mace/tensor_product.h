@@ -42,6 +42,11 @@ class ConvTensorProduct {
   int64_t mid_dim() const { return mid_dim_; }
   const Irreps& in() const { return in_; }
   const Irreps& target() const { return target_; }
+  /// Input term a's coupling matrix M [Dsh, rows·(2l1+1)] float64 with
+  /// edge_tables' T = Y M, and its rows' paths [rows] int64; undefined if
+  /// the term has no path.
+  const at::Tensor& term_coupling(size_t a) const { return term_coupling_[a]; }
+  const at::Tensor& term_row_path(size_t a) const { return term_row_path_[a]; }
 
   /// Parameter-free per-edge tables, once per structure and layer type:
   /// for each input term, T[e, r, i] = Σ_j coupling[i, j, k] Y[e, sh_off + j]

@@ -1,0 +1,68 @@
+#pragma once
+// Chunks of edges split among threads, each summing into its own
+// node-sized accumulators (the inference path's kernels, issue 19).
+
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace crucible {
+
+/// Runs body(c, acc) for every chunk c in [0, num_chunks), split into
+/// contiguous ranges among at::get_num_threads() threads. Each thread gets
+/// its own accumulators, zeros shaped like `like` (one tensor per entry);
+/// the returned accumulators are their sums. Thread ranges are fixed by
+/// ATen, and sums are taken in thread order, so a result changes with the
+/// thread count only by rounding. Exceptions from body propagate.
+template <class Body>
+std::vector<at::Tensor> sum_over_chunks(int64_t num_chunks, const std::vector<at::Tensor>& like, const Body& body) {
+  auto zeros = [&] {
+    std::vector<at::Tensor> acc;
+    for (const auto& t : like) acc.push_back(at::zeros_like(t, at::MemoryFormat::Contiguous));
+    return acc;
+  };
+  const int threads = at::get_num_threads();
+  if (threads <= 1 || num_chunks < 2) {
+    std::vector<at::Tensor> acc = zeros();
+    for (int64_t c = 0; c < num_chunks; ++c) body(c, acc);
+    return acc;
+  }
+  std::vector<std::vector<at::Tensor>> per_thread(static_cast<size_t>(threads));
+  at::parallel_for(0, num_chunks, 1, [&](int64_t begin, int64_t end) {
+    auto& mine = per_thread[static_cast<size_t>(at::get_thread_num())];
+    if (mine.empty()) mine = zeros();
+    for (int64_t c = begin; c < end; ++c) body(c, mine);
+  });
+  std::vector<at::Tensor> total;
+  for (auto& acc : per_thread) {
+    if (acc.empty()) continue;
+    if (total.empty()) {
+      total = acc;
+    } else {
+      for (size_t k = 0; k < acc.size(); ++k) total[k].add_(acc[k]);
+    }
+  }
+  return total.empty() ? zeros() : total;
+}
+
+}  // namespace crucible
+
+#include <functional>
+
+namespace crucible {
+
+/// out = cat over row chunks of f(x[begin:end], begin, end), [N, ...]: a
+/// per-row function (e.g. MACE's product basis, node by node) evaluated
+/// `chunk` rows at a time with gradients off, and recomputed chunk by chunk
+/// in the backward (gradient checkpointing, Chen et al. 2016, arXiv
+/// 1604.06174), so that its intermediates never exist for more than one
+/// chunk. The backward gives ∂/∂x only, first order, with f's autograd;
+/// anything else f reads gets no gradient (the inference path's contract).
+/// f must return [end - begin, ...] with the same trailing shape for every
+/// chunk and may not keep references to x_rows. @throws std::runtime_error
+/// from the backward if asked for a differentiable backward (create_graph).
+at::Tensor checkpointed_rows(const at::Tensor& x, int64_t chunk,
+                             std::function<at::Tensor(const at::Tensor& x_rows, int64_t begin, int64_t end)> f);
+
+}  // namespace crucible

@@ -1,0 +1,217 @@
+// Chunked MACE interaction for the inference path. See
+// include/crucible/models/mace/chunked_interaction.h.
+
+#include "crucible/models/mace/chunked_interaction.h"
+
+#include "crucible/models/chunk_parallel.h"
+#include "crucible/models/mace/edge_contraction.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <stdexcept>
+#include <vector>
+
+namespace crucible::mace {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+/// What the forward and the backward share: the layer's static data.
+struct Layout {
+  const ConvTensorProduct* tp = nullptr;
+  std::vector<int64_t> terms;              // input terms with paths
+  std::vector<at::Tensor> coupling;        // per listed term: M [Dsh, rows·d1], x's dtype
+  std::vector<at::Tensor> row_path;        // per listed term: [rows] int64
+  std::vector<int64_t> term_offset, term_dim;  // per listed term: rows of x
+};
+
+Layout make_layout(const ConvTensorProduct& tp, const at::Tensor& like) {
+  Layout L;
+  L.tp = &tp;
+  const auto offsets = tp.in().offsets();
+  for (size_t a = 0; a < tp.in().size(); ++a) {
+    if (!tp.term_coupling(a).defined()) continue;
+    L.terms.push_back(static_cast<int64_t>(a));
+    L.coupling.push_back(tp.term_coupling(a).to(like.options()));
+    L.row_path.push_back(tp.term_row_path(a).to(like.device()).contiguous());
+    L.term_offset.push_back(offsets[a]);
+    L.term_dim.push_back(tp.in().terms()[a].irrep.dim());
+  }
+  return L;
+}
+
+/// One chunk's edges and recomputed per-edge tensors.
+struct Chunk {
+  at::Tensor edges, local, recv, send;  // [Ec]
+  std::vector<at::Tensor> z;            // MLP pre-activations [Pc, width] (all but the last layer)
+  std::vector<at::Tensor> h;            // MLP inputs per layer: h[0] = feats chunk
+  at::Tensor w;                         // [Ec, P_paths, C], contiguous
+  at::Tensor Y;                         // [Ec, Dsh]
+  std::vector<at::Tensor> T;            // per listed term: [Ec, rows, d1], contiguous
+};
+
+Chunk make_chunk(int64_t p0, int64_t p1, const at::Tensor& feats, const at::Tensor& Y,
+                 const std::vector<at::Tensor>& mlp, const Layout& L, const at::Tensor& edge_pair,
+                 const at::Tensor& order, const int64_t* off, const at::Tensor& receiver, const at::Tensor& sender,
+                 int64_t num_paths, int64_t C) {
+  Chunk k;
+  k.edges = order.slice(0, off[p0], off[p1]);
+  k.local = edge_pair.index_select(0, k.edges) - p0;
+  k.recv = receiver.index_select(0, k.edges);
+  k.send = sender.index_select(0, k.edges);
+  at::Tensor h = feats.slice(0, p0, p1);
+  for (size_t m = 0; m < mlp.size(); ++m) {
+    k.h.push_back(h);
+    at::Tensor zm = at::mm(h, mlp[m]);
+    if (m + 1 < mlp.size()) {
+      k.z.push_back(zm);
+      h = at::silu(zm);
+    } else {
+      h = zm;
+    }
+  }
+  const int64_t Ec = k.edges.size(0);
+  k.w = h.view({p1 - p0, num_paths, C}).index_select(0, k.local).contiguous();
+  k.Y = Y.index_select(0, k.edges);
+  for (size_t t = 0; t < L.terms.size(); ++t) {
+    k.T.push_back(at::mm(k.Y, L.coupling[t]).view({Ec, -1, L.term_dim[t]}).contiguous());
+  }
+  return k;
+}
+
+struct ChunkedAggregate : public Function<ChunkedAggregate> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& Y, const at::Tensor& feats,
+                            at::TensorList mlp, const at::Tensor& edge_pair, const at::Tensor& order,
+                            const at::Tensor& pair_offsets, const at::Tensor& receiver, const at::Tensor& sender,
+                            const ConvTensorProduct* tp, int64_t chunk) {
+    std::vector<at::Tensor> saved{x, Y, feats, edge_pair, order, pair_offsets, receiver, sender};
+    saved.insert(saved.end(), mlp.begin(), mlp.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
+    ctx->saved_data["chunk"] = chunk;
+    const std::vector<at::Tensor> w(mlp.begin(), mlp.end());
+    return run_forward(x, Y, feats, w, edge_pair, order, pair_offsets, receiver, sender, *tp, chunk);
+  }
+
+  static at::Tensor run_forward(const at::Tensor& x, const at::Tensor& Y, const at::Tensor& feats,
+                                const std::vector<at::Tensor>& mlp, const at::Tensor& edge_pair,
+                                const at::Tensor& order, const at::Tensor& pair_offsets, const at::Tensor& receiver,
+                                const at::Tensor& sender, const ConvTensorProduct& tp, int64_t chunk) {
+    const Layout L = make_layout(tp, x);
+    const int64_t N = x.size(0), C = x.size(2), P = feats.size(0), NP = tp.num_paths();
+    std::vector<at::Tensor> xs, like;
+    for (size_t t = 0; t < L.terms.size(); ++t) {
+      xs.push_back(x.narrow(1, L.term_offset[t], L.term_dim[t]).contiguous());
+      like.push_back(at::empty({N, L.row_path[t].size(0), C}, x.options()));
+    }
+    const int64_t* off = pair_offsets.data_ptr<int64_t>();
+    const int64_t num_chunks = (P + chunk - 1) / chunk;
+    std::vector<at::Tensor> agg = sum_over_chunks(num_chunks, like, [&](int64_t c, std::vector<at::Tensor>& acc) {
+      const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
+      const Chunk k = make_chunk(p0, p1, feats, Y, mlp, L, edge_pair, order, off, receiver, sender, NP, C);
+      for (size_t t = 0; t < L.terms.size(); ++t) {
+        edge_contraction_accumulate(EdgeSlot::kMessage, acc[t], at::Tensor(), k.w, k.T[t], xs[t], k.recv, k.send,
+                                    L.row_path[t]);
+      }
+    });
+    return agg.size() == 1 ? agg[0] : at::cat(agg, 1);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (at::GradMode::is_enabled()) {
+      throw std::runtime_error(
+          "MACE inference path: no differentiable backward (create_graph); use ComputeOptions::training");
+    }
+    const auto s = ctx->get_saved_variables();
+    const size_t num_mlp = s.size() - 8;
+    for (size_t m = 0; m < num_mlp; ++m) {
+      if (ctx->needs_input_grad(3 + m)) {
+        throw std::runtime_error(
+            "MACE inference path: no parameter gradients; use ComputeOptions::training for a force loss");
+      }
+    }
+    const at::Tensor &x = s[0], &Y = s[1], &feats = s[2], &edge_pair = s[3], &order = s[4], &pair_offsets = s[5];
+    const at::Tensor &receiver = s[6], &sender = s[7];
+    const std::vector<at::Tensor> mlp(s.begin() + 8, s.end());
+    const auto* tp = reinterpret_cast<const ConvTensorProduct*>(ctx->saved_data["tp"].toInt());
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const Layout L = make_layout(*tp, x);
+    const int64_t C = x.size(2), P = feats.size(0), NP = tp->num_paths();
+    const at::Tensor gA = grads[0];
+    std::vector<at::Tensor> xs, gs;
+    int64_t row = 0;
+    for (size_t t = 0; t < L.terms.size(); ++t) {
+      xs.push_back(x.narrow(1, L.term_offset[t], L.term_dim[t]).contiguous());
+      const int64_t rows = L.row_path[t].size(0);
+      gs.push_back(gA.narrow(1, row, rows).contiguous());
+      row += rows;
+    }
+    at::Tensor gY = at::zeros_like(Y);
+    at::Tensor gfeats = at::zeros_like(feats);
+    const int64_t* off = pair_offsets.data_ptr<int64_t>();
+    const int64_t num_chunks = (P + chunk - 1) / chunk;
+    std::vector<at::Tensor> gx = sum_over_chunks(num_chunks, xs, [&](int64_t c, std::vector<at::Tensor>& acc) {
+      const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
+      const Chunk k = make_chunk(p0, p1, feats, Y, mlp, L, edge_pair, order, off, receiver, sender, NP, C);
+      const int64_t Ec = k.edges.size(0);
+      at::Tensor gw = at::zeros_like(k.w);
+      at::Tensor gYc = at::zeros_like(k.Y);
+      for (size_t t = 0; t < L.terms.size(); ++t) {
+        edge_contraction_accumulate(EdgeSlot::kInput, acc[t], gs[t], k.w, k.T[t], at::Tensor(), k.recv, k.send,
+                                    L.row_path[t]);
+        edge_contraction_accumulate(EdgeSlot::kWeights, gw, gs[t], at::Tensor(), k.T[t], xs[t], k.recv, k.send,
+                                    L.row_path[t]);
+        at::Tensor gT = at::empty_like(k.T[t]);
+        edge_contraction_accumulate(EdgeSlot::kTable, gT, gs[t], k.w, at::Tensor(), xs[t], k.recv, k.send,
+                                    L.row_path[t]);
+        gYc.addmm_(gT.view({Ec, -1}), L.coupling[t].t());  // T = Y M
+      }
+      gY.index_copy_(0, k.edges, gYc);
+      // Edges → pairs, then back through the MLP.
+      at::Tensor g = at::zeros({p1 - p0, NP * C}, x.options()).index_add_(0, k.local, gw.view({Ec, NP * C}));
+      for (size_t m = mlp.size(); m-- > 0;) {
+        g = at::mm(g, mlp[m].t());  // ∂/∂ of layer m's input h[m]
+        if (m > 0) {
+          const at::Tensor& zm = k.z[m - 1];
+          const at::Tensor sig = at::sigmoid(zm);
+          g = g * sig * (1.0 + zm * (1.0 - sig));  // silu'
+        }
+      }
+      gfeats.slice(0, p0, p1).copy_(g);
+    });
+    // Terms without paths get no gradient.
+    at::Tensor gx_full;
+    if (ctx->needs_input_grad(0)) {
+      gx_full = at::zeros_like(x);
+      for (size_t t = 0; t < L.terms.size(); ++t) gx_full.narrow(1, L.term_offset[t], L.term_dim[t]).copy_(gx[t]);
+    }
+    variable_list out{gx_full, ctx->needs_input_grad(1) ? gY : at::Tensor(),
+                      ctx->needs_input_grad(2) ? gfeats : at::Tensor()};
+    for (size_t m = 0; m < num_mlp; ++m) out.emplace_back();
+    for (int k = 0; k < 7; ++k) out.emplace_back();  // edge_pair … chunk
+    return out;
+  }
+};
+
+}  // namespace
+
+at::Tensor chunked_aggregate(const at::Tensor& x, const at::Tensor& Y, const at::Tensor& feats,
+                             const std::vector<at::Tensor>& mlp, const ConvTensorProduct& tp, const PairEdges& edges,
+                             int64_t chunk) {
+  TORCH_CHECK(x.dim() == 3 && Y.dim() == 2 && feats.dim() == 2 && !mlp.empty(),
+              "chunked_aggregate: x [N,D,C], Y [E,Dsh], feats [P,nb] and an MLP expected");
+  TORCH_CHECK(Y.size(0) == edges.order.size(0) && feats.size(0) + 1 == edges.offsets.size(0),
+              "chunked_aggregate: Y must have a row per edge and feats a row per pair");
+  TORCH_CHECK(mlp.back().size(1) == tp.num_paths() * x.size(2),
+              "chunked_aggregate: the MLP's last layer must have num_paths · C columns");
+  TORCH_CHECK(x.scalar_type() == Y.scalar_type() && x.scalar_type() == feats.scalar_type(),
+              "chunked_aggregate: x, Y and feats must share one dtype");
+  TORCH_CHECK(chunk >= 1, "chunked_aggregate: chunk must be >= 1");
+  return ChunkedAggregate::apply(x, Y, feats, at::TensorList(mlp), edges.edge_pair, edges.order, edges.offsets,
+                                 edges.receiver, edges.sender, &tp, chunk);
+}
+
+}  // namespace crucible::mace
