@@ -4,15 +4,20 @@
 // 2 interactions), float32, random weights. Per size it prints atoms/s and
 // the peak resident memory per atom that the evaluation added (VmHWM after
 // the call minus VmRSS before it, peak reset through /proc/self/clear_refs;
-// neighbor list and batch are built before). One key=value line per size;
+// neighbor list and batch are built before; the first, untimed call, so
+// give one size per process). One key=value line per size;
 // run by bench/run_benchmarks.py.
-// Run: ./build/bench/bench_inference [--model schnet|mace] [--threads N]
+// --path training times a training step's model work instead: outputs with
+// create_graph, then an energy + force loss backward to the parameters.
+// --model gemm prints the float32 and bfloat16 rates of a 1024³ matrix product.
+// Run: ./build/bench/bench_inference [--model schnet|mace|gemm] [--threads N]
 //      [--reps 4,8,16,32] [--path inference|training]
 
 #include "crucible/data/dataset.h"
 #include "crucible/models/energy_model.h"
 #include "crucible/models/mace/mace.h"
 #include "crucible/models/schnet.h"
+#include "crucible/training/allocator.h"
 #include "crucible/training/blas_kernels.h"
 #include "fcc_cu.h"
 
@@ -61,6 +66,7 @@ std::vector<int> parse_list(const std::string& s) {
 int main(int argc, char** argv) {
   using namespace crucible;
   select_blas_kernels(argc, argv);  // as crucible's main does
+  tune_allocator_for_training();
   std::string model_name = "schnet", path = "inference";
   int threads = 1;
   std::vector<int> reps = {4, 8, 16, 32};
@@ -76,6 +82,21 @@ int main(int argc, char** argv) {
     }
   }
   at::set_num_threads(threads);
+  if (model_name == "gemm") {  // the machine's matrix-product rate, for the FLOP/s fractions
+    for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+      const int64_t m = 1024;
+      const at::Tensor a = at::randn({m, m}).to(dt), b = at::randn({m, m}).to(dt);
+      double best = 1e30;
+      for (int r = 0; r < 5; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        (void)at::mm(a, b);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::printf("gemm dtype=%s threads=%d m=n=k=%lld gflops=%.1f\n", dt == at::kFloat ? "float32" : "bfloat16",
+                  threads, static_cast<long long>(m), 2.0 * m * m * m / best / 1e9);
+    }
+    return 0;
+  }
   at::manual_seed(0);
   std::shared_ptr<EnergyModel> model;
   if (model_name == "schnet") {
@@ -106,18 +127,24 @@ int main(int argc, char** argv) {
     co.stress = true;
     co.training = path == "training";
     const int calls = n <= 2048 ? 5 : (n <= 16384 ? 3 : 2);
-    double best = 1e30, peak_kb = 0.0;
-    for (int c = 0; c < calls; ++c) {
-      const double rss0 = status_kb("VmRSS");
-      reset_peak();
-      const auto t0 = std::chrono::steady_clock::now();
-      {
-        ModelOutputs out = compute_outputs(*model, batch, co);
-        if (co.training) (void)out.forces.sum().item<float>();
+    auto evaluate = [&] {
+      ModelOutputs out = compute_outputs(*model, batch, co);
+      if (co.training) {  // one training step's work: a force loss back to the parameters
+        (out.energy.pow(2).sum() + out.forces.pow(2).sum()).backward();
+        model->module().zero_grad();
       }
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      best = std::min(best, dt);
-      peak_kb = std::max(peak_kb, status_kb("VmHWM") - rss0);
+    };
+    // Peak of the first (untimed) call: memory a fresh process needs. Later
+    // calls reuse the heap it left, so measure it with one size per process.
+    const double rss0 = status_kb("VmRSS");
+    reset_peak();
+    evaluate();
+    const double peak_kb = status_kb("VmHWM") - rss0;
+    double best = 1e30;
+    for (int c = 0; c < calls; ++c) {
+      const auto t0 = std::chrono::steady_clock::now();
+      evaluate();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     std::printf("model=%s path=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f peak_kb_per_atom=%.2f\n",
                 model_name.c_str(), path.c_str(), threads, static_cast<long long>(n),

@@ -91,7 +91,11 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
 
   at::AutoGradMode grad_mode(true);
   const at::Tensor mask = contributing.to(device, dtype);
-  const at::Tensor node = model.node_energies(batch).to(dtype) * mask;  // [n]
+  at::Tensor node;  // [n]
+  {
+    InferencePathGuard inference;  // chunked kernels, first derivatives only (issue 19)
+    node = model.node_energies(batch).to(dtype) * mask;
+  }
   const at::Tensor e = node.sum();
   std::vector<at::Tensor> inputs{r};
   if (want_virial) inputs.push_back(edge_grad_leaf);

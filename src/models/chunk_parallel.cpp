@@ -4,6 +4,7 @@
 #include "crucible/models/chunk_parallel.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <ATen/core/ivalue.h>
@@ -28,12 +29,17 @@ struct CheckpointedRows : public torch::autograd::Function<CheckpointedRows> {
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["f"] = c10::IValue::make_capsule(holder);
     const int64_t N = x.size(0);
-    std::vector<at::Tensor> parts;
-    for (int64_t b = 0; b < N; b += chunk) {
-      const int64_t e = std::min(N, b + chunk);
-      parts.push_back(holder->f(x.slice(0, b, e), b, e));
-    }
-    if (parts.empty()) return holder->f(x, 0, 0);
+    const int64_t num_chunks = (N + chunk - 1) / chunk;
+    if (num_chunks == 0) return holder->f(x, 0, 0);
+    std::vector<at::Tensor> parts(static_cast<size_t>(num_chunks));
+    // Chunks are independent: threads take contiguous ranges of them.
+    at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
+      at::NoGradGuard no_grad;  // thread-local: set on every worker
+      for (int64_t c = cb; c < ce; ++c) {
+        const int64_t b = c * chunk, e = std::min(N, b + chunk);
+        parts[static_cast<size_t>(c)] = holder->f(x.slice(0, b, e), b, e);
+      }
+    });
     return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
   }
 
@@ -48,16 +54,24 @@ struct CheckpointedRows : public torch::autograd::Function<CheckpointedRows> {
     const at::Tensor g = grads[0];
     at::Tensor gx = at::zeros_like(x);
     const int64_t N = x.size(0);
-    for (int64_t b = 0; b < N; b += chunk) {
-      const int64_t e = std::min(N, b + chunk);
-      at::AutoGradMode enable(true);
-      const at::Tensor xr = x.slice(0, b, e).detach().requires_grad_(true);
-      const at::Tensor y = holder->f(xr, b, e);
-      if (!y.requires_grad()) continue;
-      const auto gr = torch::autograd::grad({y}, {xr}, {g.slice(0, b, e)}, /*retain_graph=*/false,
-                                            /*create_graph=*/false, /*allow_unused=*/true);
-      if (gr[0].defined()) gx.slice(0, b, e).copy_(gr[0]);
-    }
+    const int64_t num_chunks = (N + chunk - 1) / chunk;
+    // Each thread differentiates its own chunks (the autograd engine runs a
+    // CPU graph on the calling thread; rows of gx are disjoint).
+    at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c) {
+        const int64_t b = c * chunk, e = std::min(N, b + chunk);
+        at::Tensor grad_rows;
+        {
+          at::AutoGradMode enable(true);
+          const at::Tensor xr = x.slice(0, b, e).detach().requires_grad_(true);
+          const at::Tensor y = holder->f(xr, b, e);
+          if (!y.requires_grad()) continue;
+          grad_rows = torch::autograd::grad({y}, {xr}, {g.slice(0, b, e)}, /*retain_graph=*/false,
+                                            /*create_graph=*/false, /*allow_unused=*/true)[0];
+        }
+        if (grad_rows.defined()) gx.slice(0, b, e).copy_(grad_rows);
+      }
+    });
     return {gx, at::Tensor(), at::Tensor()};
   }
 };

@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+"""Speed at MD scale (issue 19) in one command: inference atoms/s and peak
+memory per atom from 256 to 131072 atoms (fcc Cu, 5 Å) through the C++ API,
+the Python calculator and LAMMPS/KIM; 2 threads against 1; the training
+path's cost per atom; bf16-mixed against 32-true training; the machine's
+GEMM rates; the CPU model and flags. Every ratio is measured in this run.
+
+Usage: /usr/bin/python3 bench/run_md_scale.py [--build build]
+       [--work /tmp/crucible_bench] [--reps 4,8,16,32] [--deploy-reps 4,8,16]
+       [--train-steps 60]
+Needs a built tree, Debian's python3-ase, lmp and libkim-api-dev.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from run_benchmarks import cpu_flags, cpu_model, fields, last_line  # noqa: E402
+
+
+def run(cmd, env):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--work", default="/tmp/crucible_bench")
+    ap.add_argument("--reps", default="4,8,16,32", help="fcc cells per side: 4·rep³ atoms")
+    ap.add_argument("--deploy-reps", default="4,8,16")
+    ap.add_argument("--train-reps", default="4,8,16")
+    ap.add_argument("--train-steps", type=int, default=60)
+    a = ap.parse_args()
+    bench = os.path.join(a.build, "bench")
+    inf = os.path.join(bench, "bench_inference")
+    env1 = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env2 = dict(os.environ, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="2")
+    os.makedirs(a.work, exist_ok=True)
+    data = os.path.join(a.work, "cu_emt_500.extxyz")
+    if not os.path.exists(data):
+        run([sys.executable, os.path.join(HERE, "reference", "make_cu_emt.py"), data, "--frames", "500"], env1)
+
+    print(f"Crucible at MD scale ({time.strftime('%Y-%m-%d')}, {os.uname().nodename})")
+    print(f"CPU: {cpu_model()}; flags: {cpu_flags()}")
+    gemm = {f["dtype"]: float(f["gflops"]) for f in
+            (fields(l) for l in run([inf, "--model", "gemm"], env1).splitlines() if l.startswith("gemm"))}
+    print(f"GEMM 1024³, 1 thread: float32 {gemm['float32']:.0f} GFLOP/s, bfloat16 {gemm['bfloat16']:.0f} GFLOP/s "
+          f"(ratio {gemm['bfloat16'] / gemm['float32']:.1f})")
+    print()
+
+    def one(model, rep, threads=1, path="inference"):
+        env = env2 if threads == 2 else env1
+        out = run([inf, "--model", model, "--reps", str(rep), "--threads", str(threads), "--path", path], env)
+        return fields(last_line(out, "model="))
+
+    reps = [int(r) for r in a.reps.split(",")]
+    print("C++ API inference (energy + forces + stress, float32, random weights, 1 thread; one process per size):")
+    print(f"  {'model':<7} {'atoms':>7} {'atoms/s':>9} {'µs/atom':>9} {'peak KB/atom':>13} {'µs/atom vs smallest':>20}")
+    for model in ("schnet", "mace"):
+        base = None
+        for rep in reps:
+            f = one(model, rep)
+            us = float(f["us_per_atom"])
+            base = base or us
+            print(f"  {model:<7} {int(f['atoms']):>7} {float(f['atoms_per_s']):>9.0f} {us:>9.1f} "
+                  f"{float(f['peak_kb_per_atom']):>13.1f} {us / base:>19.2f}x", flush=True)
+    print()
+    print("threads, 16384-atom inference:")
+    for model in ("schnet", "mace"):
+        t1, t2 = one(model, 16), one(model, 16, threads=2)
+        print(f"  {model:<7} 1 thread {float(t1['atoms_per_s']):.0f} atoms/s, 2 threads "
+              f"{float(t2['atoms_per_s']):.0f} atoms/s: {float(t2['atoms_per_s']) / float(t1['atoms_per_s']):.2f}x",
+              flush=True)
+    print()
+    print("training path (outputs with create_graph + energy/force loss backward), 1 thread:")
+    for model in ("schnet", "mace"):
+        base = None
+        for rep in [int(r) for r in a.train_reps.split(",")]:
+            if model == "mace" and rep > 12:
+                print(f"  {model:<7} {4 * rep ** 3:>7} not run: the training path keeps ~0.8 MB per atom")
+                continue
+            f = one(model, rep, path="training")
+            us = float(f["us_per_atom"])
+            base = base or us
+            print(f"  {model:<7} {int(f['atoms']):>7} {us:>9.1f} µs/atom {float(f['peak_kb_per_atom']):>8.1f} KB/atom "
+                  f"{us / base:>6.2f}x the smallest", flush=True)
+    print()
+    print(f"bf16-mixed against 32-true training ({a.train_steps} steps, batch 8, 32-atom Cu cells, 1 thread):")
+    native = any(f in cpu_flags().split() for f in ("avx512_bf16", "amx_bf16"))
+    for name, cmd in (("schnet", [os.path.join(bench, "bench_schnet_training"), data, "--steps", str(a.train_steps)]),
+                      ("mace", [os.path.join(bench, "bench_mace_training"), data, "--steps", str(a.train_steps // 2)])):
+        tag = "crucible" if name == "schnet" else "crucible_mace"
+        r = {p: fields(last_line(run(cmd + ["--precision", p], env1), tag)) for p in ("32-true", "bf16-mixed")}
+        s32, s16 = float(r["32-true"]["structures_per_s"]), float(r["bf16-mixed"]["structures_per_s"])
+        note = "" if native else " (this CPU emulates bf16: not measurable here)"
+        print(f"  {name:<7} 32-true {s32:.1f} structures/s, bf16-mixed {s16:.1f}: {s16 / s32:.2f}x{note}", flush=True)
+    print()
+    print("deployment paths (trained 5-step models, float32, 1 thread):")
+    out = run([sys.executable, os.path.join(HERE, "bench_deploy.py"), "--build", a.build, "--work", a.work,
+               "--reps", a.deploy_reps], env1)
+    print(f"  {'path':<18} {'model':<7} {'atoms':>7} {'atoms/s':>9} {'µs/atom':>9} {'peak MiB':>9} "
+          f"{'KB/atom above smallest':>23}")
+    for line in out.splitlines():
+        if not line.startswith("path="):
+            continue
+        f = fields(line)
+        print(f"  {f['path']:<18} {f['model']:<7} {int(f['atoms']):>7} {float(f['atoms_per_s']):>9.0f} "
+              f"{float(f['us_per_atom']):>9.1f} {int(f['peak_mb']):>9} {f['marginal_kb_per_atom']:>23}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
