@@ -25,6 +25,7 @@ void tune_allocator_for_training() {
     // step after step on a small model (bench_hook_dispatch).
     mallopt(M_TOP_PAD, 16 * 1024 * 1024);
 #endif
+    install_large_block_cache();
   });
 }
 

@@ -1,0 +1,146 @@
+// A CPU allocator that keeps freed large blocks for reuse. See
+// include/crucible/training/allocator.h.
+
+#include "crucible/training/allocator.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <unordered_map>
+#include <mutex>
+#include <new>
+#include <string>
+
+namespace crucible {
+namespace {
+
+constexpr size_t kMinCached = size_t{16} << 20;  // below: glibc's heap reuses blocks (M_MMAP_THRESHOLD 32 MiB)
+constexpr size_t kGranule = size_t{2} << 20;      // size classes: multiples of 2 MiB (<= 12.5% waste)
+constexpr size_t kAlignment = 64;
+
+class LargeBlockCache final : public c10::Allocator {
+ public:
+  explicit LargeBlockCache(c10::Allocator* fallback) : fallback_(fallback) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    limit_ = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) / 4 : size_t{1} << 32;
+  }
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t n) override { return allocate_impl(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+#else
+  c10::DataPtr allocate(size_t n) const override { return allocate_impl(n); }
+#endif
+  // LibTorch's raw_allocate / raw_deallocate (used by oneDNN) need the
+  // context to be the data pointer and one deleter for every block.
+  c10::DeleterFnPtr raw_deleter() const override { return &LargeBlockCache::release; }
+
+  static LargeBlockCache* instance;
+
+ private:
+  c10::DataPtr allocate_impl(size_t n) const {
+    if (n < kMinCached) {
+      void* p = fallback_->raw_allocate(n);
+      return c10::DataPtr(p, p, &LargeBlockCache::release, c10::Device(c10::DeviceType::CPU));
+    }
+    const size_t size = (n + kGranule - 1) / kGranule * kGranule;
+    void* ptr = nullptr;
+    size_t got = size;
+    {
+      // Best fit among cached blocks up to 1.5 × the request, so that a
+      // slightly larger request reuses a block instead of mapping a new one.
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = free_.lower_bound(size);
+      if (it != free_.end() && it->first <= size + size / 2) {
+        got = it->first;
+        ptr = it->second;
+        free_.erase(it);
+        cached_ -= got;
+      }
+    }
+    if (!ptr) ptr = fresh(size);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_.emplace(ptr, got);
+    }
+    return c10::DataPtr(ptr, ptr, &LargeBlockCache::release, c10::Device(c10::DeviceType::CPU));
+  }
+
+  void* fresh(size_t size) const {
+    void* ptr = nullptr;
+    if (posix_memalign(&ptr, kAlignment, size) == 0) return ptr;
+    empty();  // out of memory: give the cache back and try once more
+    if (posix_memalign(&ptr, kAlignment, size) == 0) return ptr;
+    throw std::bad_alloc();
+  }
+
+  void empty() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& kv : free_) std::free(kv.second);
+    free_.clear();
+    cached_ = 0;
+  }
+
+  static void release(void* ptr) {
+    LargeBlockCache* self = instance;
+    size_t size = 0;
+    bool kept = false;
+    {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      auto it = self->live_.find(ptr);
+      if (it != self->live_.end()) {
+        size = it->second;
+        self->live_.erase(it);
+        if (self->cached_ + size <= self->limit_) {
+          self->free_.emplace(size, ptr);
+          self->cached_ += size;
+          kept = true;
+        }
+      }
+    }
+    if (size == 0) {
+      self->fallback_raw_deleter_(ptr);  // a small block of the previous allocator
+    } else if (!kept) {
+      std::free(ptr);
+    }
+  }
+
+ public:
+  c10::DeleterFnPtr fallback_raw_deleter_ = nullptr;
+
+ private:
+  c10::Allocator* fallback_;
+  size_t limit_;
+  mutable std::mutex mutex_;
+  mutable std::multimap<size_t, void*> free_;
+  mutable size_t cached_ = 0;
+  mutable std::unordered_map<void*, size_t> live_;
+};
+
+LargeBlockCache* LargeBlockCache::instance = nullptr;
+
+}  // namespace
+
+void install_large_block_cache() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* keep = std::getenv("CRUCIBLE_DEFAULT_MALLOC");
+    if (keep && std::string(keep) == "1") return;
+    c10::Allocator* previous = c10::GetCPUAllocator();
+    // The previous allocator must free its blocks through one raw deleter
+    // (LibTorch's default does); otherwise keep it.
+    if (!previous || !previous->raw_deleter()) return;
+    auto* cache = new LargeBlockCache(previous);  // lives as long as the process
+    cache->fallback_raw_deleter_ = previous->raw_deleter();
+    LargeBlockCache::instance = cache;
+    c10::SetCPUAllocator(cache, /*priority=*/1);
+  });
+}
+
+}  // namespace crucible
