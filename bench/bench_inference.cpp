@@ -22,6 +22,7 @@
 #include "fcc_cu.h"
 
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
 #include <chrono>
@@ -146,9 +147,24 @@ int main(int argc, char** argv) {
       evaluate();
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    std::printf("model=%s path=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f peak_kb_per_atom=%.2f\n",
+    // FLOPs of one call as LibTorch's profiler counts them (matrix products,
+    // element-wise add/mul; the hand-written edge kernels are not counted,
+    // so the achieved rate below is a lower bound). Untimed; training path only.
+    double gflop = 0.0;
+    if (co.training) {  // the profiler's records of a 131072-atom inference call filled 24 GB
+      namespace prof = torch::autograd::profiler;
+      prof::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(
+          torch::profiler::impl::ProfilerState::CPU, /*report_input_shapes=*/true, /*profile_memory=*/false,
+          /*with_stack=*/false, /*with_flops=*/true));
+      evaluate();
+      for (auto& thread_events : prof::disableProfilerLegacy())
+        for (auto& ev : thread_events) gflop += static_cast<double>(ev.flops()) * 1e-9;
+    }
+    std::printf("model=%s path=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f "
+                "peak_kb_per_atom=%.2f profiled_gflop=%.3f achieved_gflops=%.2f\n",
                 model_name.c_str(), path.c_str(), threads, static_cast<long long>(n),
-                static_cast<long long>(batch.num_edges()), n / best, 1e6 * best / n, peak_kb / n);
+                static_cast<long long>(batch.num_edges()), n / best, 1e6 * best / n, peak_kb / n, gflop,
+                gflop / best);
     std::fflush(stdout);
   }
   return 0;
