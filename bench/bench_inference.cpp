@@ -114,13 +114,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (int rep : reps) {
-    auto [positions, cell] = bench::fcc_cu(rep);
-    const int64_t n = positions.size(0);
-    Structure s;
-    s.positions = positions;
-    s.atomic_numbers = at::full({n}, 29, at::kLong);
-    s.cell = cell;
-    s.pbc = {true, true, true};
+    const Structure s = bench::fcc_cu_structure(rep);
+    const int64_t n = s.num_atoms();
     AtomicDataset ds({s}, 5.0);
     const Batch batch = ds.collate({0}).to(at::kCPU, at::kFloat);
     ComputeOptions co;

@@ -43,18 +43,13 @@ int main() {
   at::manual_seed(0);
   SchNet model(so);
   for (int rep : {2, 4, 8, 16}) {
-    auto [positions, cell] = bench::fcc_cu(rep);
-    const int64_t n = positions.size(0);
+    const Structure s = bench::fcc_cu_structure(rep);
+    const int64_t n = s.num_atoms();
     const int reps = n <= 256 ? 20 : (n <= 2048 ? 5 : 2);
     int64_t edges = 0;
     const double nl = best_seconds(reps, [&] {
-      edges = build_neighbor_list(positions, cell, {true, true, true}, 5.0).num_edges();
+      edges = build_neighbor_list(s.positions, s.cell, s.pbc, 5.0).num_edges();
     });
-    Structure s;
-    s.positions = positions;
-    s.atomic_numbers = at::full({n}, 29, at::kLong);
-    s.cell = cell;
-    s.pbc = {true, true, true};
     AtomicDataset ds({s}, 5.0);
     const Batch batch = ds.collate({0}).to(at::kCPU, at::kFloat);
     const double model_s = best_seconds(std::max(1, reps / 2), [&] {

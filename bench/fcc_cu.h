@@ -2,6 +2,8 @@
 // Rattled fcc Cu supercells for the benchmarks: a = 3.61 Å, rep³ cubic
 // 4-atom cells (4·rep³ atoms), Gaussian noise σ = 0.02 Å, seed 7.
 
+#include "crucible/data/structure.h"
+
 #include <ATen/ATen.h>
 
 #include <random>
@@ -28,6 +30,17 @@ inline std::pair<at::Tensor, at::Tensor> fcc_cu(int rep) {
   const auto n = static_cast<int64_t>(pos.size() / 3);
   auto positions = at::from_blob(pos.data(), {n, 3}, at::kDouble).clone();
   return {positions, at::eye(3, at::kDouble) * (a * rep)};
+}
+
+/// The same cell as a periodic Cu Structure (Z = 29), no labels.
+inline Structure fcc_cu_structure(int rep) {
+  auto [positions, cell] = fcc_cu(rep);
+  Structure s;
+  s.atomic_numbers = at::full({positions.size(0)}, 29, at::kLong);
+  s.positions = positions;
+  s.cell = cell;
+  s.pbc = {true, true, true};
+  return s;
 }
 
 }  // namespace crucible::bench

@@ -81,7 +81,7 @@ def main():
         base = None
         for rep in [int(r) for r in a.train_reps.split(",")]:
             if model == "mace" and rep > 12:
-                print(f"  {model:<7} {4 * rep ** 3:>7} not run: the training path keeps ~0.8 MB per atom")
+                print(f"  {model:<7} {4 * rep ** 3:>7} not run: the training path keeps ~1.5 MB per atom (25 GB here)")
                 continue
             f = one(model, rep, path="training")
             us = float(f["us_per_atom"])

@@ -107,9 +107,9 @@ class Model {
       ComputeOptions co;
       co.forces = true;
       co.stress = stress && (pbc[0] || pbc[1] || pbc[2]);
+      co.energies = true;  // per-atom energies from the same evaluation
       out = compute_outputs(*loaded_.model, batch, co);
-      at::NoGradGuard no_grad;
-      node = loaded_.model->node_energies(batch);
+      node = out.energies;
     }
     py::dict d;
     d["energy"] = out.energy.sum().item<double>();

@@ -81,10 +81,13 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
   const bool need_grad = options.forces || options.stress;
 
   if (!need_grad) {
-    if (options.training) {
-      out.energy = model.energy(batch);
+    std::optional<at::NoGradGuard> no_grad;
+    if (!options.training) no_grad.emplace();
+    if (options.energies) {
+      out.energies = model.node_energies(batch);
+      AutocastDisabledGuard sum_in_geometry_dtype;
+      out.energy = at::zeros({batch.num_atoms.size(0)}, out.energies.options()).index_add(0, batch.batch, out.energies);
     } else {
-      at::NoGradGuard no_grad;
       out.energy = model.energy(batch);
     }
     return out;
@@ -119,7 +122,13 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
   at::Tensor energy;
   {
     InferencePathGuard inference(!options.training);  // chunked kernels (issue 19)
-    energy = model.energy(b);  // [B]
+    if (options.energies) {
+      out.energies = model.node_energies(b);  // [N]
+      AutocastDisabledGuard sum_in_geometry_dtype;
+      energy = at::zeros({batch.num_atoms.size(0)}, out.energies.options()).index_add(0, batch.batch, out.energies);
+    } else {
+      energy = model.energy(b);  // [B]
+    }
   }
   no_autocast.emplace();
   if (energy.scalar_type() != positions.scalar_type() && at::isFloatingType(energy.scalar_type()) &&
@@ -154,6 +163,10 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
     out.stress = at::where(periodic.view({-1, 1, 1}), stress, at::zeros_like(stress));
   }
 
+  if (out.energies.defined()) {
+    if (out.energies.scalar_type() != positions.scalar_type()) out.energies = out.energies.to(positions.scalar_type());
+    if (!options.training) out.energies = out.energies.detach();
+  }
   if (!options.training) {
     out.energy = out.energy.detach();
     if (out.forces.defined()) out.forces = out.forces.detach();

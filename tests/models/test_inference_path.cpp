@@ -83,33 +83,24 @@ void expect_paths_equal(EnergyModel& model, const Batch& batch) {
   EXPECT_FALSE(b.forces.requires_grad());
 }
 
-TEST(InferencePath, SchNetEqualsTrainingPathInFloat64) {
-  auto model = schnet_model();
+/// Both paths for every chunk size (1, 7, the default: one chunk here) and
+/// thread count; restores the defaults.
+void expect_paths_equal_everywhere(EnergyModel& model) {
   const Batch batch = mixed_batch(3.5);
   for (int threads : {1, 2}) {
     at::set_num_threads(threads);
-    for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{0}}) {  // 0: the default, one chunk here
+    for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{0}}) {
       set_inference_edge_chunk(chunk);
-      expect_paths_equal(*model, batch);
+      expect_paths_equal(model, batch);
     }
   }
   set_inference_edge_chunk(0);
   at::set_num_threads(1);
 }
 
-TEST(InferencePath, MaceEqualsTrainingPathInFloat64) {
-  auto model = mace_model();
-  const Batch batch = mixed_batch(3.5);
-  for (int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{0}}) {  // 0: the default, one chunk here
-      set_inference_edge_chunk(chunk);
-      expect_paths_equal(*model, batch);
-    }
-  }
-  set_inference_edge_chunk(0);
-  at::set_num_threads(1);
-}
+TEST(InferencePath, SchNetEqualsTrainingPathInFloat64) { expect_paths_equal_everywhere(*schnet_model()); }
+
+TEST(InferencePath, MaceEqualsTrainingPathInFloat64) { expect_paths_equal_everywhere(*mace_model()); }
 
 TEST(InferencePath, TheModelsUseItInsideTheGuardOnly) {
   // The backward of the chunked kernels refuses parameter gradients, so a

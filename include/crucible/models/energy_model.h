@@ -122,6 +122,10 @@ struct ComputeOptions {
   bool forces = true;    ///< forces = -dE/dr. Default true.
   bool stress = false;   ///< stress = (1/V) dE/dε (periodic structures). Default false.
   bool training = false; ///< keep the graph (create_graph) for force/stress losses. Default false.
+  /// Also return the per-atom energies (EnergyModel::node_energies), from
+  /// the same evaluation: the energy is then their per-structure sum.
+  /// Default false.
+  bool energies = false;
 };
 
 /// Model outputs. Undefined tensors were not requested.
@@ -129,6 +133,7 @@ struct ModelOutputs {
   at::Tensor energy;  ///< [B] eV.
   at::Tensor forces;  ///< [N,3] eV/Å.
   at::Tensor stress;  ///< [B,3,3] eV/Å³, ASE sign; zero for non-periodic structures.
+  at::Tensor energies;  ///< [N] eV, per-atom energies (ComputeOptions::energies).
 };
 
 /// Energy, forces and stress of `batch` through autograd.
