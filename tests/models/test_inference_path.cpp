@@ -81,6 +81,19 @@ void expect_paths_equal(EnergyModel& model, const Batch& batch) {
   EXPECT_LT(max_abs_diff(a.forces, b.forces), 1e-10);
   EXPECT_LT(max_abs_diff(a.stress, b.stress), 1e-10);
   EXPECT_FALSE(b.forces.requires_grad());
+  // Per-atom energies from the same evaluation: model.node_energies, and
+  // their per-structure sums are the energies.
+  ComputeOptions with_energies = infer;
+  with_energies.energies = true;
+  const ModelOutputs c = compute_outputs(model, batch, with_energies);
+  at::Tensor node;
+  {
+    at::NoGradGuard no_grad;
+    node = model.node_energies(batch);
+  }
+  EXPECT_LT(max_abs_diff(c.energies, node), 1e-10);
+  EXPECT_LT(max_abs_diff(at::zeros_like(c.energy).index_add(0, batch.batch, c.energies), a.energy), 1e-10);
+  EXPECT_LT(max_abs_diff(c.forces, a.forces), 1e-10);
 }
 
 /// Both paths for every chunk size (1, 7, the default: one chunk here) and
