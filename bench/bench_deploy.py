@@ -2,7 +2,8 @@
 """Inference through the deployment paths (issue 19, deliverable 5): atoms/s
 and peak memory of energy + forces + stress for rattled fcc Cu cells (a =
 3.61 Å, 5 Å cutoff) through the Python calculator (crucible.Calculator,
-float32) and Debian's LAMMPS through KIM (float32 model). Models: a SchNet
+float32) and Debian's LAMMPS through KIM (whose driver evaluates in
+float64, as LAMMPS does, so its rows are float64). Models: a SchNet
 and a MACE (the `crucible train` defaults at cutoff 5 Å) trained for a few
 steps on the Cu EMT set, so the weights are real but accuracy is not the
 point. Each size runs in a fresh process: peak memory is that process's

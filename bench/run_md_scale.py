@@ -101,7 +101,7 @@ def main():
         note = "" if native else " (this CPU emulates bf16: not measurable here)"
         print(f"  {name:<7} 32-true {s32:.1f} structures/s, bf16-mixed {s16:.1f}: {s16 / s32:.2f}x{note}", flush=True)
     print()
-    print("deployment paths (trained 5-step models, float32, 1 thread):")
+    print("deployment paths (trained 5-step models, 1 thread; calculator float32, KIM float64):")
     out = run([sys.executable, os.path.join(HERE, "bench_deploy.py"), "--build", a.build, "--work", a.work,
                "--reps", a.deploy_reps], env1)
     print(f"  {'path':<18} {'model':<7} {'atoms':>7} {'atoms/s':>9} {'µs/atom':>9} {'peak MiB':>9} "
