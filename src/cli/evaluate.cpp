@@ -45,12 +45,9 @@ void write_predictions(EnergyModel& model, const AtomicDataset& dataset, at::Dev
     ComputeOptions co;
     co.forces = true;
     co.stress = true;
+    co.energies = true;  // per-atom energies from the same evaluation
     const ModelOutputs out = compute_outputs(model, batch, co);
-    at::Tensor node;
-    {
-      at::NoGradGuard no_grad;
-      node = model.node_energies(batch).to(at::kCPU, at::kDouble);
-    }
+    const at::Tensor node = out.energies.to(at::kCPU, at::kDouble);
     const at::Tensor forces = out.forces.to(at::kCPU, at::kDouble);
     const at::Tensor ptr = batch.ptr.to(at::kCPU);
     for (size_t b = 0; b < idx.size(); ++b) {

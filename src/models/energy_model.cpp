@@ -14,9 +14,9 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <string>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace crucible {
@@ -31,10 +31,13 @@ at::Tensor EnergyModel::node_energies(const Batch&) {
 
 namespace {
 thread_local bool t_inference_path = false;
-}  // namespace
-
-namespace {
 std::atomic<int64_t> g_edge_chunk_override{0};
+
+/// energy [B] = Σ per structure of `energies` [N], with autocast off.
+at::Tensor structure_sums(const Batch& batch, const at::Tensor& energies) {
+  AutocastDisabledGuard sum_in_geometry_dtype;
+  return at::zeros({batch.num_atoms.size(0)}, energies.options()).index_add(0, batch.batch, energies);
+}
 }  // namespace
 
 InferencePathGuard::InferencePathGuard(bool enabled) : previous_(t_inference_path) {
@@ -44,6 +47,10 @@ InferencePathGuard::~InferencePathGuard() { t_inference_path = previous_; }
 
 bool inference_path_enabled() {
   return t_inference_path && !at::autocast::is_cpu_enabled() && !at::autocast::is_enabled();
+}
+
+bool use_inference_kernels(at::ScalarType geometry, at::ScalarType layer) {
+  return inference_path_enabled() && geometry == layer && (geometry == at::kFloat || geometry == at::kDouble);
 }
 
 int64_t inference_edge_chunk() {
@@ -85,8 +92,7 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
     if (!options.training) no_grad.emplace();
     if (options.energies) {
       out.energies = model.node_energies(batch);
-      AutocastDisabledGuard sum_in_geometry_dtype;
-      out.energy = at::zeros({batch.num_atoms.size(0)}, out.energies.options()).index_add(0, batch.batch, out.energies);
+      out.energy = structure_sums(batch, out.energies);
     } else {
       out.energy = model.energy(batch);
     }
@@ -124,8 +130,7 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
     InferencePathGuard inference(!options.training);  // chunked kernels (issue 19)
     if (options.energies) {
       out.energies = model.node_energies(b);  // [N]
-      AutocastDisabledGuard sum_in_geometry_dtype;
-      energy = at::zeros({batch.num_atoms.size(0)}, out.energies.options()).index_add(0, batch.batch, out.energies);
+      energy = structure_sums(batch, out.energies);
     } else {
       energy = model.energy(b);  // [B]
     }

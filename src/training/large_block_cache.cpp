@@ -26,7 +26,8 @@ constexpr size_t kAlignment = 64;
 
 class LargeBlockCache final : public c10::Allocator {
  public:
-  explicit LargeBlockCache(c10::Allocator* fallback) : fallback_(fallback) {
+  explicit LargeBlockCache(c10::Allocator* fallback)
+      : fallback_(fallback), fallback_raw_deleter_(fallback->raw_deleter()) {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     limit_ = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) / 4 : size_t{1} << 32;
   }
@@ -38,17 +39,17 @@ class LargeBlockCache final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) const override { return allocate_impl(n); }
 #endif
   // LibTorch's raw_allocate / raw_deallocate (used by oneDNN) need the
-  // context to be the data pointer and one deleter for every block.
+  // context to be the data pointer and one deleter that frees any block:
+  // `release` tells cached blocks from the previous allocator's.
   c10::DeleterFnPtr raw_deleter() const override { return &LargeBlockCache::release; }
 
   static LargeBlockCache* instance;
 
  private:
   c10::DataPtr allocate_impl(size_t n) const {
-    if (n < kMinCached) {
-      void* p = fallback_->raw_allocate(n);
-      return c10::DataPtr(p, p, &LargeBlockCache::release, c10::Device(c10::DeviceType::CPU));
-    }
+    // Small blocks keep the previous allocator's DataPtr (context = data,
+    // its raw deleter), so freeing them takes no lock here.
+    if (n < kMinCached) return fallback_->allocate(n);
     const size_t size = (n + kGranule - 1) / kGranule * kGranule;
     void* ptr = nullptr;
     size_t got = size;
@@ -111,11 +112,8 @@ class LargeBlockCache final : public c10::Allocator {
     }
   }
 
- public:
-  c10::DeleterFnPtr fallback_raw_deleter_ = nullptr;
-
- private:
   c10::Allocator* fallback_;
+  c10::DeleterFnPtr fallback_raw_deleter_;
   size_t limit_;
   mutable std::mutex mutex_;
   mutable std::multimap<size_t, void*> free_;
@@ -137,7 +135,6 @@ void install_large_block_cache() {
     // (LibTorch's default does); otherwise keep it.
     if (!previous || !previous->raw_deleter()) return;
     auto* cache = new LargeBlockCache(previous);  // lives as long as the process
-    cache->fallback_raw_deleter_ = previous->raw_deleter();
     LargeBlockCache::instance = cache;
     c10::SetCPUAllocator(cache, /*priority=*/1);
   });

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace crucible {
@@ -45,12 +46,6 @@ std::vector<at::Tensor> sum_over_chunks(int64_t num_chunks, const std::vector<at
   }
   return total.empty() ? zeros() : total;
 }
-
-}  // namespace crucible
-
-#include <functional>
-
-namespace crucible {
 
 /// out = cat over row chunks of f(x[begin:end], begin, end), [N, ...]: a
 /// per-row function (e.g. MACE's product basis, node by node) evaluated

@@ -101,6 +101,13 @@ class InferencePathGuard {
 /// mixed-precision region keeps the autograd path). Never throws.
 bool inference_path_enabled();
 
+/// Whether a model takes its chunked inference kernels for geometry dtype
+/// `geometry` (the positions') and layer dtype `layer` (the parameters'):
+/// inference_path_enabled(), and both the same float32 or float64 (the
+/// kernels compute in one dtype; the *-true half modes keep the autograd
+/// layers). Never throws.
+bool use_inference_kernels(at::ScalarType geometry, at::ScalarType layer);
+
 /// Edges per chunk of the inference path's kernels: rows of the per-edge
 /// temporaries, sized so that a chunk's [chunk, 64] float32 tensors stay in
 /// a core's L2 cache (256 KiB each at the default 1024). Default 1024, or

@@ -21,7 +21,6 @@ using torch::autograd::variable_list;
 
 /// What the forward and the backward share: the layer's static data.
 struct Layout {
-  const ConvTensorProduct* tp = nullptr;
   std::vector<int64_t> terms;              // input terms with paths
   std::vector<at::Tensor> coupling;        // per listed term: M [Dsh, rows·d1], x's dtype
   std::vector<at::Tensor> row_path;        // per listed term: [rows] int64
@@ -30,7 +29,6 @@ struct Layout {
 
 Layout make_layout(const ConvTensorProduct& tp, const at::Tensor& like) {
   Layout L;
-  L.tp = &tp;
   const auto offsets = tp.in().offsets();
   for (size_t a = 0; a < tp.in().size(); ++a) {
     if (!tp.term_coupling(a).defined()) continue;
@@ -47,7 +45,6 @@ Layout make_layout(const ConvTensorProduct& tp, const at::Tensor& like) {
 struct Chunk {
   at::Tensor edges, local, recv, send;  // [Ec]
   std::vector<at::Tensor> z;            // MLP pre-activations [Pc, width] (all but the last layer)
-  std::vector<at::Tensor> h;            // MLP inputs per layer: h[0] = feats chunk
   at::Tensor w;                         // [Ec, P_paths, C], contiguous
   at::Tensor Y;                         // [Ec, Dsh]
   std::vector<at::Tensor> T;            // per listed term: [Ec, rows, d1], contiguous
@@ -64,7 +61,6 @@ Chunk make_chunk(int64_t p0, int64_t p1, const at::Tensor& feats, const at::Tens
   k.send = sender.index_select(0, k.edges);
   at::Tensor h = feats.slice(0, p0, p1);
   for (size_t m = 0; m < mlp.size(); ++m) {
-    k.h.push_back(h);
     at::Tensor zm = at::mm(h, mlp[m]);
     if (m + 1 < mlp.size()) {
       k.z.push_back(zm);

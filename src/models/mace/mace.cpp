@@ -392,8 +392,7 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
   const bool ref = options_.reference_autograd;
   const at::ScalarType layer = embedding_.scalar_type();
   // Inference path (issue 19): radial MLP, tables and messages per edge chunk.
-  const bool chunked = !ref && inference_path_enabled() && geom == layer &&
-                       (geom == at::kFloat || geom == at::kDouble);
+  const bool chunked = !ref && use_inference_kernels(geom, layer);
   at::Tensor Y, edge_feats, edge_pair, pair_rep;
   std::vector<std::vector<at::Tensor>> tables(layers_.size());
   {

@@ -86,13 +86,12 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   const bool ref = options_.reference_autograd;
   // Inference path (issue 19): the filter network and cfconv fused over
   // edge chunks, no per-edge tensor kept for the backward.
-  const bool chunked = !ref && inference_path_enabled() && geom == layer &&
-                       (geom == at::kFloat || geom == at::kDouble);
+  const bool chunked = !ref && use_inference_kernels(geom, layer);
   const at::Tensor i = batch.edge_index.select(0, 0);
   const at::Tensor j = batch.edge_index.select(0, 1);
   at::Tensor rbf, fc;
   at::Tensor edge_pair, pair_rep;  // fast path: [E] pair of each edge, [P] one edge per pair
-  at::Tensor pair_d;               // inference path: [P] pair distances
+  at::Tensor pair_d;               // [P] pair distances (fast and inference paths)
   {
     // Force-safe geometry (issue 3, deliverable 4): autocast off, so edge
     // vectors, distances, the Gaussian basis and the cutoff keep `geom`.
@@ -108,13 +107,12 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
       std::tie(edge_pair, pair_rep) = reverse_edge_pairs(batch.edge_index, shifts);
       d = d.index_select(0, pair_rep);                           // [P]
     }
-    if (chunked) {
-      pair_d = d;
-    } else {
-    // Gaussian expansion g_k(d) = exp(-γ (d - μ_k)²): [E,G].
-    rbf = at::exp(-gamma * (d.unsqueeze(-1) - offsets_.to(geom)).pow(2));
-    // Cosine cutoff f_c(d) = ½(cos(πd/r_c) + 1) for d < r_c, else 0 (Behler 2011): [E].
-    fc = 0.5 * (at::cos(d * (kPi / rc)) + 1.0) * (d < rc).to(geom);
+    pair_d = d;
+    if (!chunked) {  // the inference path expands d chunk by chunk
+      // Gaussian expansion g_k(d) = exp(-γ (d - μ_k)²): [E,G].
+      rbf = at::exp(-gamma * (d.unsqueeze(-1) - offsets_.to(geom)).pow(2));
+      // Cosine cutoff f_c(d) = ½(cos(πd/r_c) + 1) for d < r_c, else 0 (Behler 2011): [E].
+      fc = 0.5 * (at::cos(d * (kPi / rc)) + 1.0) * (d < rc).to(geom);
     }
   }
   // Inner layers run in the layer dtype, or autocast's inside a mixed region.
@@ -131,23 +129,21 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     auto dense = dense_->ptr<torch::nn::LinearImpl>(t);
     const at::Tensor h = in2f->forward(x);                    // [N,K]
     at::Tensor v;                                             // Σ_j h_j ⊙ W_ij, [N,K]
-    if (chunked) {
+    if (chunked) {  // filter network + cfconv per pair chunk (issue 19)
       const FilterNetwork net{filter1->weight, filter1->bias, filter2->weight, filter2->bias,
                               offsets_.to(geom), gamma, rc};
       v = filter_convolution(h, pair_d, net, pair_edges, inference_edge_chunk());
-      v = dense->forward(ssp(f2out->forward(v), ref));
-      x = x + v;
-      continue;
-    }
-    // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
-    at::Tensor W =
-        filter2->forward(ssp(filter1->forward(rbf_in), ref)) * fc.unsqueeze(-1).to(layer);
-    if (!ref) W = W.index_select(0, edge_pair);               // pairs → edges, [E,K]
-    if (ref) {
-      const at::Tensor msg = h.index_select(0, j) * W;        // [E,K]
-      v = at::zeros({N, msg.size(1)}, msg.options()).index_add(0, i, msg);
     } else {
-      v = cfconv(h, W, i, j);  // fused, hand-written derivatives (issue 7)
+      // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
+      at::Tensor W =
+          filter2->forward(ssp(filter1->forward(rbf_in), ref)) * fc.unsqueeze(-1).to(layer);
+      if (ref) {
+        const at::Tensor msg = h.index_select(0, j) * W;        // [E,K]
+        v = at::zeros({N, msg.size(1)}, msg.options()).index_add(0, i, msg);
+      } else {
+        W = W.index_select(0, edge_pair);                       // pairs → edges, [E,K]
+        v = cfconv(h, W, i, j);  // fused, hand-written derivatives (issue 7)
+      }
     }
     v = dense->forward(ssp(f2out->forward(v), ref));  // [N,F]
     x = x + v.to(x.scalar_type());
