@@ -474,7 +474,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   }
   out << fmt::format("  device     {}, {}, CPU threads: {}\n", device.str(),
                      tc.precision ? dtype_name + ", precision " + *tc.precision : tc.dtype,
-                     at::get_num_threads());
+                     setup.threads.describe());
   out << fmt::format("  run_dir    {}\n", run_dir.string());
   out.flush();
 
@@ -486,7 +486,10 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   ckpt_options.every_n_steps = config.output.checkpoint_every_n_steps;
   ckpt_options.every_n_epochs = config.output.checkpoint_every_n_epochs;
   // Each checkpoint carries the recipe: load_training_from_checkpoint rebuilds the run from it.
-  ckpt_options.extra_files = {{kRecipeFile, config_to_spec_json(config)}};
+  // ... and the CPU threads it ran with: a resume with training.num_threads
+  // 0 (auto) takes them instead of measuring anew, so it continues exactly.
+  ckpt_options.extra_files = {{kRecipeFile, config_to_spec_json(config)},
+                              {kThreadsFile, json{{"cpu_threads", at::get_num_threads()}}.dump()}};
   // Issue 15: how far each metrics file had been written, and the epoch
   // records' state, so a resume cuts them back there and continues exactly.
   ckpt_options.dynamic_files = [csv, jsonl, progress]() {
@@ -518,6 +521,12 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
     const auto restored =
         restore_checkpoint(*store, strategy, resume.checkpoint,
                            {same_recipe_validator(config), same_models_validator(strategy)});
+    if (tc.num_threads == 0) {
+      if (const auto n = checkpoint_thread_count(*store, restored.index); n && *n != at::get_num_threads()) {
+        at::set_num_threads(*n);
+        out << fmt::format("  CPU threads {}, as the checkpoint was written with (training.num_threads 0)\n", *n);
+      }
+    }
     for (const auto& f : restored.skipped) {
       err << "crucible: warning: checkpoint " << f.index << " is damaged (" << f.message
           << "); using an older one\n";

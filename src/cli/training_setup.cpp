@@ -17,6 +17,7 @@
 #include "crucible/cli/commands.h"
 #include "crucible/cli/resource_limits.h"
 #include "crucible/common/error.h"
+#include "crucible/training/thread_choice.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/data/structure_checks.h"
 #include "crucible/losses/loss.h"
@@ -25,6 +26,7 @@
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <sstream>
 
@@ -82,6 +84,35 @@ LabelCounts count_labels(const std::vector<Structure>& s) {
   return c;
 }
 
+ThreadChoice resolve_thread_count(int64_t num_threads, const at::Device& device, EnergyModel& model,
+                                  const AtomicDataset& train, int64_t batch_size, at::ScalarType batch_dtype) {
+  ThreadChoice choice;
+  if (num_threads > 0) {
+    choice.threads = static_cast<int>(num_threads);
+    choice.source = "training.num_threads";
+    return choice;
+  }
+  if (const auto omp = omp_num_threads_from_environment()) {
+    at::set_num_threads(*omp);
+    choice.threads = *omp;
+    choice.source = "auto: OMP_NUM_THREADS";
+    return choice;
+  }
+  const int cores = std::max(1, available_cpu_cores() / local_worker_count());
+  if (!device.is_cpu() || cores == 1) {  // on a GPU the CPU threads only collate
+    at::set_num_threads(cores);
+    choice.threads = cores;
+    choice.source = cores == 1 ? "auto: one core per worker" : "auto: this worker's cores";
+    return choice;
+  }
+  std::vector<int64_t> first(static_cast<size_t>(std::min<int64_t>(batch_size, train.size())));
+  for (size_t k = 0; k < first.size(); ++k) first[k] = static_cast<int64_t>(k);
+  const Batch batch = train.collate(first).to(device, batch_dtype);
+  ThreadChoiceOptions options;
+  options.max_threads = cores;
+  return choose_thread_count(training_pass(model, batch), options);
+}
+
 TrainingSetup build_training(const Config& input_config,
                              const std::vector<std::shared_ptr<Hook>>& hooks,
                              std::shared_ptr<Communicator> communicator, int local_rank) {
@@ -112,6 +143,7 @@ TrainingSetup build_training(const Config& input_config,
   const int64_t available = available_memory_bytes();
   check_model_size(config.model, available);
   if (tc.num_threads > 0) at::set_num_threads(static_cast<int>(tc.num_threads));
+  // training.num_threads 0 (auto) is resolved below, once model and first batch exist.
 
   // ---- data: read and check everything before touching the run directory.
   const std::string train_path = resolve_data_path(config.data.train_file, "data.train_file");
@@ -373,6 +405,8 @@ TrainingSetup build_training(const Config& input_config,
   }
 
   auto strategy = std::make_unique<TrainingStrategy>(model, sopt, std::move(loss));
+  const ThreadChoice threads = resolve_thread_count(tc.num_threads, device, *model, *train_ds, tc.batch_size,
+                                                    strategy->batch_dtype());
   if (!tc.freeze.empty()) {  // through the strategy's parameter filters (seed 002)
     const std::set<std::string> trainable = trainable_parameters(*model, tc.freeze);
     strategy->set_trainable_parameter_filter(trainable);
@@ -426,6 +460,7 @@ TrainingSetup build_training(const Config& input_config,
   s.shift = shift;
   s.model = model;
   s.num_parameters = num_params;
+  s.threads = threads;
   s.loss_terms = std::move(terms);
   s.loss_text = std::move(loss_text);
   s.train_data = train_ds;
@@ -436,6 +471,30 @@ TrainingSetup build_training(const Config& input_config,
   s.ema_hook = ema_hook;
   s.config = std::move(config);
   return s;
+}
+
+namespace {
+
+/// {"cpu_threads": N} with N >= 1. @throws DataError naming `source`.
+int parse_thread_count(const std::string& text, const std::string& source) {
+  try {
+    const int n = nlohmann::json::parse(text).at("cpu_threads").get<int>();
+    if (n >= 1) return n;
+  } catch (const nlohmann::json::exception&) {
+  }
+  throw DataError(source + ": must be {\"cpu_threads\": N} with N >= 1, got " + text.substr(0, 80));
+}
+
+}  // namespace
+
+std::optional<int> checkpoint_thread_count(const checkpoint::CheckpointStore& store, int64_t index) {
+  std::string text;
+  try {
+    text = store.load_file(index, kThreadsFile);
+  } catch (const DataError&) {
+    return std::nullopt;  // written before the file existed
+  }
+  return parse_thread_count(text, "checkpoint " + std::to_string(index) + " " + kThreadsFile);
 }
 
 CheckpointValidator same_recipe_validator(const Config& config) {
@@ -470,8 +529,18 @@ TrainingSetup load_training_from_checkpoint(const std::filesystem::path& checkpo
   Config config = config_from_spec_json(
       it->second, (checkpoint_dir / loaded.entry.dir / kRecipeFile).string());
   if (runtime.device) config.training.device = *runtime.device;
+  // An auto thread count takes the checkpoint's, so the run continues exactly.
+  std::optional<int> saved_threads;
+  if (auto t = loaded.files.find(kThreadsFile); t != loaded.files.end() && config.training.num_threads == 0) {
+    saved_threads = parse_thread_count(t->second, (checkpoint_dir / loaded.entry.dir / kThreadsFile).string());
+    config.training.num_threads = *saved_threads;
+  }
   TrainingSetup setup =
       build_training(config, runtime.hooks, runtime.communicator, runtime.local_rank);
+  if (saved_threads) {
+    setup.config.training.num_threads = 0;
+    setup.threads.source = "auto, as the checkpoint was written with";
+  }
   same_models_validator(*setup.strategy)(loaded);
   for (const auto& validate : runtime.validators) {
     if (validate) validate(loaded);

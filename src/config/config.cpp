@@ -663,7 +663,9 @@ std::vector<Key> build_schema() {
                [](Config& c) -> void* { return &c.training.max_batches_without_step; }),
            0.0);
   min_incl(add("training.num_threads", Kind::kInt, "",
-               "CPU threads of LibTorch's intra-op pool; 0 = leave LibTorch's default.",
+               "CPU threads of LibTorch's intra-op pool; 0 = auto: OMP_NUM_THREADS where set, else the "
+               "faster of 1 thread and this worker's cores (its CPU affinity over the data-parallel "
+               "workers on this machine), measured on the first batch before the first step.",
                [](Config& c) -> void* { return &c.training.num_threads; }),
            0.0);
 

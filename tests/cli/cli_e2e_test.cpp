@@ -8,6 +8,7 @@
 
 #include "cli/e2e_helpers.h"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -308,6 +309,54 @@ TEST_F(CliTest, SigtermThenResumeMatchesAnUninterruptedRun) {
   r = run_crucible(dir_, {"train", "--resume", cut.string()});
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("the run finished"), std::string::npos) << r.err;
+}
+
+// Issue 19: training.num_threads 0 (auto) records the threads a run used in
+// each checkpoint (threads.json), and a resume takes them instead of
+// choosing anew, since the thread count can change the last bits.
+TEST_F(CliTest, AutoThreadsAreRecordedAndAResumeTakesThem) {
+  const char* saved = std::getenv("OMP_NUM_THREADS");
+  const std::string saved_value = saved ? saved : "";
+  const fs::path cut = dir_ / "run_threads";
+  auto args = tiny_args(cut.string());
+  args.push_back("training.num_epochs=3");
+  ::setenv("OMP_NUM_THREADS", "2", 1);
+  ::setenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH", "4", 1);
+  Result r = run_crucible(dir_, args);
+  ::unsetenv("CRUCIBLE_FAULT_SIGTERM_AT_BATCH");
+  ASSERT_EQ(r.rc, 143) << r.out << r.err;
+  EXPECT_NE(r.out.find("CPU threads: 2 (auto: OMP_NUM_THREADS)"), std::string::npos) << r.out;
+  int checkpoints = 0;
+  for (const auto& e : fs::directory_iterator(cut / "checkpoints")) {
+    if (!e.is_directory() || e.path().filename().string().rfind("ckpt-", 0) != 0) continue;
+    ++checkpoints;
+    EXPECT_EQ(nlohmann::json::parse(read_text(e.path() / kThreadsFile)).at("cpu_threads").get<int>(), 2) << e.path();
+  }
+  EXPECT_GT(checkpoints, 0);
+  // The resume would choose 1 thread (OMP_NUM_THREADS=1) but takes the checkpoint's 2.
+  ::setenv("OMP_NUM_THREADS", "1", 1);
+  {
+    TrainingRuntime runtime;
+    TrainingSetup setup = load_training_from_checkpoint(cut / "checkpoints", runtime);
+    EXPECT_EQ(setup.threads.threads, 2);
+    EXPECT_EQ(at::get_num_threads(), 2);
+    EXPECT_EQ(setup.config.training.num_threads, 0);  // the recipe stays auto
+    EXPECT_NE(setup.threads.describe().find("as the checkpoint was written with"), std::string::npos);
+  }
+  at::set_num_threads(1);
+  r = run_crucible(dir_, {"train", "--resume", cut.string()});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("CPU threads 2, as the checkpoint was written with (training.num_threads 0)"),
+            std::string::npos)
+      << r.out;
+  // An explicit count is a plain setting.
+  args = tiny_args((dir_ / "run_threads_1").string());
+  args.push_back("training.num_threads=1");
+  r = run_crucible(dir_, args);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("CPU threads: 1 (training.num_threads)"), std::string::npos) << r.out;
+  if (saved) ::setenv("OMP_NUM_THREADS", saved_value.c_str(), 1);
+  else ::unsetenv("OMP_NUM_THREADS");
 }
 
 // Issue 14: periodic frames with a virial mixed with frames without one (as

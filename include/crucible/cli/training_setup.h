@@ -12,6 +12,7 @@
 #include "crucible/training/ema.h"
 #include "crucible/training/spike_skipping.h"
 #include "crucible/training/strategy.h"
+#include "crucible/training/thread_choice.h"
 
 #include <ATen/ATen.h>
 
@@ -61,6 +62,8 @@ struct TrainingSetup {
   /// normalization set, seeded by training.seed.
   std::shared_ptr<EnergyModel> model;
   int64_t num_parameters = 0;
+  /// The CPU threads the run uses and why (training.num_threads; 0 = auto).
+  ThreadChoice threads;
   std::vector<std::string> loss_terms;  ///< "energy", "forces", "stress" (those used).
   std::string loss_text;                ///< human-readable loss, for the header.
   std::shared_ptr<AtomicDataset> train_data, valid_data;
@@ -87,6 +90,24 @@ TrainingSetup build_training(const Config& config,
                              const std::vector<std::shared_ptr<Hook>>& hooks = {},
                              std::shared_ptr<Communicator> communicator = nullptr,
                              int local_rank = 0);
+
+/// training.num_threads resolved and set (at::set_num_threads): a positive
+/// value as given; 0 (auto) = OMP_NUM_THREADS where set, else on a CPU
+/// device the faster of 1 and available_cpu_cores() / local_worker_count()
+/// threads, measured with training_pass on the first `batch_size`
+/// structures of `train` (on `device`, in `batch_dtype`); on other devices
+/// that core count unmeasured. @throws what the model throws on the batch.
+ThreadChoice resolve_thread_count(int64_t num_threads, const at::Device& device, EnergyModel& model,
+                                  const AtomicDataset& train, int64_t batch_size, at::ScalarType batch_dtype);
+
+/// Name of the file in every checkpoint `crucible train` writes that holds
+/// the CPU threads the run used: {"cpu_threads": N}.
+inline constexpr const char* kThreadsFile = "threads.json";
+
+/// The CPU threads checkpoint `index` of `store` was written with
+/// (kThreadsFile); nullopt for a checkpoint without that file (written
+/// before it existed). @throws DataError naming the file if it is unreadable.
+std::optional<int> checkpoint_thread_count(const checkpoint::CheckpointStore& store, int64_t index);
 
 /// Name of the recipe file in every checkpoint `crucible train` writes: the
 /// run's Config as a spec (config_to_spec_json).

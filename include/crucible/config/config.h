@@ -224,7 +224,7 @@ struct TrainingConfig {
   /// 32-true). When set it overrides `dtype` for the model and batches.
   std::optional<std::string> precision;
   std::string device = "cpu";              ///< "cpu", "cuda", "cuda:N".
-  int64_t num_threads = 1;                 ///< CPU threads; 0 = LibTorch default.
+  int64_t num_threads = 0;                 ///< CPU threads; 0 = auto (training/thread_choice.h).
   int64_t max_batches_without_step = 1000; ///< stop after this many skipped steps in a row; 0 = never.
 };
 
