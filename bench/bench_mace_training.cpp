@@ -151,6 +151,8 @@ int main(int argc, char** argv) {
       }));
   DataLoader loader(train_ds, {8, true, 0, true});
   strategy.run(loader);
+  // The model as training left it, on the validation frames (bf16 against 32-true after the same steps).
+  const ValidationSummary final_v = evaluate_model(*model, *valid_ds, at::kCPU, eo);
   std::sort(times.begin(), times.end());
   const double ms = 1e3 * times[times.size() / 2];
   const double per_structure = static_cast<double>(structures) / static_cast<double>(times.size());
@@ -168,9 +170,9 @@ int main(int argc, char** argv) {
   for (const auto& p : model->parameters()) nparams += p.numel();
   std::printf("crucible_mace hidden=%s precision=%s structures_per_s=%.2f ms_per_step=%.2f best_forces_mae_mev_per_a=%.3f "
               "best_energy_mae_mev_per_atom=%.3f best_epoch=%lld epochs=%zu parameters=%lld avg_num_neighbors=%.2f "
-              "peak_rss_mib=%.1f blas=%s\n",
+              "peak_rss_mib=%.1f blas=%s energy_mae_mev_per_atom=%.3f forces_mae_mev_per_a=%.3f\n",
               hidden.c_str(), precision.c_str(), per_structure * 1e3 / ms, ms, maes.empty() ? -1.0 : best_f, best_e,
               static_cast<long long>(best_epoch), maes.size(), static_cast<long long>(nparams), mo.avg_num_neighbors,
-              usage.ru_maxrss / 1024.0, blas_core_name().c_str());
+              usage.ru_maxrss / 1024.0, blas_core_name().c_str(), final_v.energy_mae, final_v.forces_mae);
   return 0;
 }

@@ -33,6 +33,8 @@ def main():
     ap.add_argument("--deploy-reps", default="4,8,16")
     ap.add_argument("--train-reps", default="4,8,16")
     ap.add_argument("--train-steps", type=int, default=60)
+    ap.add_argument("--sections", default="inference,threads,training,bf16,train_threads,deploy",
+                    help="comma-separated subset to run")
     a = ap.parse_args()
     bench = os.path.join(a.build, "bench")
     inf = os.path.join(bench, "bench_inference")
@@ -56,62 +58,91 @@ def main():
         out = run([inf, "--model", model, "--reps", str(rep), "--threads", str(threads), "--path", path], env)
         return fields(last_line(out, "model="))
 
-    reps = [int(r) for r in a.reps.split(",")]
-    print("C++ API inference (energy + forces + stress, float32, random weights, 1 thread; one process per size):")
-    print(f"  {'model':<7} {'atoms':>7} {'atoms/s':>9} {'µs/atom':>9} {'peak KB/atom':>13} {'µs/atom vs smallest':>20}")
-    for model in ("schnet", "mace"):
-        base = None
-        for rep in reps:
-            f = one(model, rep)
-            us = float(f["us_per_atom"])
-            base = base or us
-            print(f"  {model:<7} {int(f['atoms']):>7} {float(f['atoms_per_s']):>9.0f} {us:>9.1f} "
-                  f"{float(f['peak_kb_per_atom']):>13.1f} {us / base:>19.2f}x", flush=True)
-    print()
-    print("threads, 16384-atom inference:")
-    for model in ("schnet", "mace"):
-        t1, t2 = one(model, 16), one(model, 16, threads=2)
-        print(f"  {model:<7} 1 thread {float(t1['atoms_per_s']):.0f} atoms/s, 2 threads "
-              f"{float(t2['atoms_per_s']):.0f} atoms/s: {float(t2['atoms_per_s']) / float(t1['atoms_per_s']):.2f}x",
-              flush=True)
-    print()
-    print("training path (outputs with create_graph + energy/force loss backward), 1 thread; FLOPs as LibTorch's")
-    print("profiler counts them (matrix products and element-wise ops, not the hand-written edge kernels: a lower bound):")
-    for model in ("schnet", "mace"):
-        base = None
-        for rep in [int(r) for r in a.train_reps.split(",")]:
-            if model == "mace" and rep > 12:
-                print(f"  {model:<7} {4 * rep ** 3:>7} not run: the training path keeps ~1.5 MB per atom (25 GB here)")
+    sections = set(a.sections.split(","))
+    trainers = (("schnet", [os.path.join(bench, "bench_schnet_training"), data, "--steps", str(a.train_steps)]),
+                ("mace", [os.path.join(bench, "bench_mace_training"), data, "--steps", str(a.train_steps // 2)]))
+    tags = {"schnet": "crucible", "mace": "crucible_mace"}
+    if "inference" in sections:
+        reps = [int(r) for r in a.reps.split(",")]
+        print("C++ API inference (energy + forces + stress, float32, random weights, 1 thread; one process per size):")
+        print(f"  {'model':<7} {'atoms':>7} {'atoms/s':>9} {'µs/atom':>9} {'peak KB/atom':>13} {'µs/atom vs smallest':>20}")
+        for model in ("schnet", "mace"):
+            base = None
+            for rep in reps:
+                f = one(model, rep)
+                us = float(f["us_per_atom"])
+                base = base or us
+                print(f"  {model:<7} {int(f['atoms']):>7} {float(f['atoms_per_s']):>9.0f} {us:>9.1f} "
+                      f"{float(f['peak_kb_per_atom']):>13.1f} {us / base:>19.2f}x", flush=True)
+        print()
+    if "threads" in sections:
+        print("threads, 16384-atom inference:")
+        for model in ("schnet", "mace"):
+            t1, t2 = one(model, 16), one(model, 16, threads=2)
+            print(f"  {model:<7} 1 thread {float(t1['atoms_per_s']):.0f} atoms/s, 2 threads "
+                  f"{float(t2['atoms_per_s']):.0f} atoms/s: {float(t2['atoms_per_s']) / float(t1['atoms_per_s']):.2f}x",
+                  flush=True)
+        print()
+    if "training" in sections:
+        print("training path (outputs with create_graph + energy/force loss backward), 1 thread; FLOPs as LibTorch's")
+        print("profiler counts them (matrix products and element-wise ops, not the hand-written edge kernels: a lower bound):")
+        for model in ("schnet", "mace"):
+            base = None
+            for rep in [int(r) for r in a.train_reps.split(",")]:
+                if model == "mace" and rep > 12:
+                    print(f"  {model:<7} {4 * rep ** 3:>7} not run: the training path keeps ~1.5 MB per atom (25 GB here)")
+                    continue
+                f = one(model, rep, path="training")
+                us = float(f["us_per_atom"])
+                base = base or us
+                rate = float(f["achieved_gflops"])
+                print(f"  {model:<7} {int(f['atoms']):>7} {us:>9.1f} µs/atom {float(f['peak_kb_per_atom']):>8.1f} KB/atom "
+                      f"{us / base:>6.2f}x the smallest; profiled ops {rate:.1f} GFLOP/s = "
+                      f"{100 * rate / gemm['float32']:.0f}% of the float32 GEMM rate", flush=True)
+        print()
+    if "bf16" in sections:
+        print(f"bf16-mixed against 32-true training (SchNet {a.train_steps} steps, MACE {a.train_steps // 2}, batch 8, "
+              "32-atom Cu cells, 1 thread; MAE on 50 held-out cells after those steps):")
+        native = any(f in cpu_flags().split() for f in ("avx512_bf16", "amx_bf16"))
+        for name, cmd in trainers:
+            r = {p: fields(last_line(run(cmd + ["--precision", p], env1), tags[name])) for p in ("32-true", "bf16-mixed")}
+            s32, s16 = float(r["32-true"]["structures_per_s"]), float(r["bf16-mixed"]["structures_per_s"])
+            mae = {p: (float(r[p]["energy_mae_mev_per_atom"]), float(r[p]["forces_mae_mev_per_a"])) for p in r}
+            note = "" if native else " (this CPU emulates bf16: not measurable here)"
+            print(f"  {name:<7} 32-true {s32:.1f} structures/s, bf16-mixed {s16:.1f}: {s16 / s32:.2f}x{note}; "
+                  f"MAE E {mae['32-true'][0]:.1f} -> {mae['bf16-mixed'][0]:.1f} meV/atom "
+                  f"({mae['bf16-mixed'][0] / mae['32-true'][0]:.2f}x), "
+                  f"F {mae['32-true'][1]:.1f} -> {mae['bf16-mixed'][1]:.1f} meV/Å "
+                  f"({mae['bf16-mixed'][1] / mae['32-true'][1]:.2f}x)", flush=True)
+        print()
+    if "train_threads" in sections:
+        print("training threads (same runs, 32-true; OMP_NUM_THREADS as the threads) and what "
+              "training.num_threads 0 (auto) picks on these batches:")
+        binary = os.path.join(a.build, "crucible")
+        env_auto = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        for name, cmd in trainers:
+            rate = {t: float(fields(last_line(run(cmd + ["--threads", str(t)], env1 if t == 1 else env2),
+                                              tags[name]))["structures_per_s"]) for t in (1, 2)}
+            out = run([binary, "train", f"data.train_file={data}", f"model.type={name}", "model.cutoff=5.0",
+                       "training.batch_size=8", "training.dtype=float32", "training.num_steps=1",
+                       f"output.run_dir={os.path.join(a.work, 'auto_threads_' + name)}", "output.overwrite=true"], env_auto)
+            auto = [l.split("CPU threads: ", 1)[1] for l in out.splitlines() if "CPU threads: " in l][0]
+            faster = 2 if rate[2] > rate[1] else 1
+            print(f"  {name:<7} 1 thread {rate[1]:.1f} structures/s, 2 threads {rate[2]:.1f}: {rate[2] / rate[1]:.2f}x; "
+                  f"faster: {faster}; auto: {auto}", flush=True)
+        print()
+    if "deploy" in sections:
+        print("deployment paths (trained 5-step models, 1 thread; calculator float32, KIM float64):")
+        out = run([sys.executable, os.path.join(HERE, "bench_deploy.py"), "--build", a.build, "--work", a.work,
+                   "--reps", a.deploy_reps], env1)
+        print(f"  {'path':<18} {'model':<7} {'atoms':>7} {'atoms/s':>9} {'µs/atom':>9} {'peak MiB':>9} "
+              f"{'KB/atom above smallest':>23}")
+        for line in out.splitlines():
+            if not line.startswith("path="):
                 continue
-            f = one(model, rep, path="training")
-            us = float(f["us_per_atom"])
-            base = base or us
-            rate = float(f["achieved_gflops"])
-            print(f"  {model:<7} {int(f['atoms']):>7} {us:>9.1f} µs/atom {float(f['peak_kb_per_atom']):>8.1f} KB/atom "
-                  f"{us / base:>6.2f}x the smallest; profiled ops {rate:.1f} GFLOP/s = "
-                  f"{100 * rate / gemm['float32']:.0f}% of the float32 GEMM rate", flush=True)
-    print()
-    print(f"bf16-mixed against 32-true training ({a.train_steps} steps, batch 8, 32-atom Cu cells, 1 thread):")
-    native = any(f in cpu_flags().split() for f in ("avx512_bf16", "amx_bf16"))
-    for name, cmd in (("schnet", [os.path.join(bench, "bench_schnet_training"), data, "--steps", str(a.train_steps)]),
-                      ("mace", [os.path.join(bench, "bench_mace_training"), data, "--steps", str(a.train_steps // 2)])):
-        tag = "crucible" if name == "schnet" else "crucible_mace"
-        r = {p: fields(last_line(run(cmd + ["--precision", p], env1), tag)) for p in ("32-true", "bf16-mixed")}
-        s32, s16 = float(r["32-true"]["structures_per_s"]), float(r["bf16-mixed"]["structures_per_s"])
-        note = "" if native else " (this CPU emulates bf16: not measurable here)"
-        print(f"  {name:<7} 32-true {s32:.1f} structures/s, bf16-mixed {s16:.1f}: {s16 / s32:.2f}x{note}", flush=True)
-    print()
-    print("deployment paths (trained 5-step models, 1 thread; calculator float32, KIM float64):")
-    out = run([sys.executable, os.path.join(HERE, "bench_deploy.py"), "--build", a.build, "--work", a.work,
-               "--reps", a.deploy_reps], env1)
-    print(f"  {'path':<18} {'model':<7} {'atoms':>7} {'atoms/s':>9} {'µs/atom':>9} {'peak MiB':>9} "
-          f"{'KB/atom above smallest':>23}")
-    for line in out.splitlines():
-        if not line.startswith("path="):
-            continue
-        f = fields(line)
-        print(f"  {f['path']:<18} {f['model']:<7} {int(f['atoms']):>7} {float(f['atoms_per_s']):>9.0f} "
-              f"{float(f['us_per_atom']):>9.1f} {int(f['peak_mb']):>9} {f['marginal_kb_per_atom']:>23}", flush=True)
+            f = fields(line)
+            print(f"  {f['path']:<18} {f['model']:<7} {int(f['atoms']):>7} {float(f['atoms_per_s']):>9.0f} "
+                  f"{float(f['us_per_atom']):>9.1f} {int(f['peak_mb']):>9} {f['marginal_kb_per_atom']:>23}", flush=True)
 
 
 if __name__ == "__main__":
