@@ -42,6 +42,75 @@ at::Tensor voigt(const at::Tensor& m) {
                    1);
 }
 
+/// Message-passing layers L of `model`: interaction_range / cutoff, at least 1.
+int64_t message_passing_layers(const EnergyModel& model) {
+  return std::max<int64_t>(1, std::llround(model.interaction_range() / model.cutoff()));
+}
+
+/// Hops from the nearest contributing atom over the edges of `nl` (a
+/// symmetric list), computed out to `cap`; farther atoms get cap + 1.
+std::vector<int64_t> hops_from_contributing(const NeighborList& nl, const at::Tensor& contributing, int64_t cap) {
+  const int64_t n = contributing.size(0), m = nl.num_edges();
+  const at::Tensor ei = nl.edge_index.to(at::kLong).contiguous();
+  const int64_t* recv = ei.data_ptr<int64_t>();
+  const int64_t* send = recv + m;
+  const at::Tensor c = contributing.contiguous();
+  const bool* cp = c.data_ptr<bool>();
+  std::vector<int64_t> d(static_cast<size_t>(n), cap + 1);
+  for (int64_t a = 0; a < n; ++a) {
+    if (cp[a]) d[static_cast<size_t>(a)] = 0;
+  }
+  for (int64_t k = 1; k <= cap; ++k) {
+    for (int64_t e = 0; e < m; ++e) {
+      const auto i = static_cast<size_t>(recv[e]), j = static_cast<size_t>(send[e]);
+      if (d[i] == k - 1 && d[j] > k) d[j] = k;
+      if (d[j] == k - 1 && d[i] > k) d[i] = k;
+    }
+  }
+  return d;
+}
+
+/// The part of a cluster the contributing energies depend on (see
+/// ClusterOptions::prune_padding): kept atoms `atoms` (old indices, in
+/// order) and the edges among them, re-indexed.
+struct PrunedCluster {
+  at::Tensor atoms;  ///< [n'] int64, old indices.
+  NeighborList nl;   ///< edges whose receiver is within L - 1 hops.
+};
+
+PrunedCluster prune(const NeighborList& nl, const at::Tensor& contributing, int64_t layers) {
+  const std::vector<int64_t> d = hops_from_contributing(nl, contributing, layers);
+  const int64_t n = contributing.size(0), m = nl.num_edges();
+  std::vector<int64_t> keep, new_index(static_cast<size_t>(n), -1);
+  for (int64_t a = 0; a < n; ++a) {
+    if (d[static_cast<size_t>(a)] <= layers) {
+      new_index[static_cast<size_t>(a)] = static_cast<int64_t>(keep.size());
+      keep.push_back(a);
+    }
+  }
+  const at::Tensor ei = nl.edge_index.to(at::kLong).contiguous();
+  const int64_t* recv = ei.data_ptr<int64_t>();
+  const int64_t* send = recv + m;
+  std::vector<int64_t> edges, rows[2];
+  for (int64_t e = 0; e < m; ++e) {
+    if (d[static_cast<size_t>(recv[e])] > layers - 1) continue;  // its features at no layer matter
+    edges.push_back(e);
+    rows[0].push_back(new_index[static_cast<size_t>(recv[e])]);
+    rows[1].push_back(new_index[static_cast<size_t>(send[e])]);  // within `layers` hops
+  }
+  PrunedCluster p;
+  p.atoms = at::tensor(keep, at::kLong);
+  const auto count = static_cast<int64_t>(edges.size());
+  p.nl.edge_index = at::stack({at::tensor(rows[0], at::kLong).view({count}), at::tensor(rows[1], at::kLong).view({count})});
+  const at::Tensor idx = at::tensor(edges, at::kLong).view({count});
+  p.nl.shifts = nl.shifts.index_select(0, idx);
+  p.nl.shift_vectors = nl.shift_vectors.index_select(0, idx);
+  return p;
+}
+
+ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const NeighborList& nl,
+                             const at::Tensor& contributing, const ClusterOptions& options);
+
 }  // namespace
 
 ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, const at::Tensor& atomic_numbers,
@@ -64,15 +133,46 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
   s.atomic_numbers = atomic_numbers.to(at::kCPU).contiguous();
   s.cell = at::zeros({3, 3}, at::kDouble);
   s.pbc = {false, false, false};
-  const NeighborList nl = build_neighbor_list(s.positions, s.cell, s.pbc, model.cutoff());
-  const bool want_virial = options.virial || options.particle_virial;
-  // Edge vectors r_e = r_j - r_i [E,3] (no shifts: a cluster), for the
-  // distance check and the virials.
-  at::Tensor vec;
-  if (options.min_distance || want_virial) {
-    vec = pos_cpu.index_select(0, nl.edge_index[1]) - pos_cpu.index_select(0, nl.edge_index[0]);
+  NeighborList nl = build_neighbor_list(s.positions, s.cell, s.pbc, model.cutoff());
+  if (options.min_distance) {  // on every pair, in the caller's indices
+    check_min_distance(pos_cpu.index_select(0, nl.edge_index[1]) - pos_cpu.index_select(0, nl.edge_index[0]), nl,
+                       *options.min_distance);
   }
-  if (options.min_distance) check_min_distance(vec, nl, *options.min_distance);
+  const at::Tensor contributing_cpu = contributing.to(at::kCPU);
+  at::Tensor kept;  // [n'] old indices of the atoms evaluated; undefined = all
+  if (options.prune_padding) {
+    PrunedCluster p = prune(nl, contributing_cpu, message_passing_layers(model));
+    if (p.atoms.size(0) < n || p.nl.num_edges() < nl.num_edges()) {
+      kept = p.atoms;
+      nl = std::move(p.nl);
+      s.positions = pos_cpu.index_select(0, kept);
+      s.atomic_numbers = s.atomic_numbers.index_select(0, kept);
+    }
+  }
+  const ClusterResult pruned = evaluate_edges(model, s, nl, kept.defined() ? contributing_cpu.index_select(0, kept)
+                                                                         : contributing_cpu, options);
+  if (!kept.defined()) return pruned;
+  ClusterResult out = pruned;  // back to the caller's n particles: those left out get zeros
+  out.forces = at::zeros({n, 3}, at::kDouble).index_copy_(0, kept, pruned.forces);
+  if (pruned.particle_energy.defined()) {
+    out.particle_energy = at::zeros({n}, at::kDouble).index_copy_(0, kept, pruned.particle_energy);
+  }
+  if (pruned.particle_virial.defined()) {
+    out.particle_virial = at::zeros({n, 6}, at::kDouble).index_copy_(0, kept, pruned.particle_virial);
+  }
+  return out;
+}
+
+namespace {
+
+ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const NeighborList& nl,
+                             const at::Tensor& contributing, const ClusterOptions& options) {
+  const int64_t n = s.positions.size(0);
+  const at::Tensor& pos_cpu = s.positions;
+  const bool want_virial = options.virial || options.particle_virial;
+  // Edge vectors r_e = r_j - r_i [E,3] (no shifts: a cluster), for the virials.
+  at::Tensor vec;
+  if (want_virial) vec = pos_cpu.index_select(0, nl.edge_index[1]) - pos_cpu.index_select(0, nl.edge_index[0]);
 
   const auto params = model.module().parameters();
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().device();
@@ -103,6 +203,8 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
                                            /*create_graph=*/false, /*allow_unused=*/true);
 
   ClusterResult out;
+  out.evaluated_atoms = n;
+  out.evaluated_edges = nl.num_edges();
   out.energy = e.item<double>();
   out.forces = grads[0].defined() ? (-grads[0]).to(at::kCPU, at::kDouble).contiguous()
                                   : at::zeros({n, 3}, at::kDouble);
@@ -119,5 +221,7 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
   }
   return out;
 }
+
+}  // namespace
 
 }  // namespace crucible

@@ -170,6 +170,33 @@ TEST_P(ClusterTest, PerAtomVirialDoesNotDependOnTheOriginAndForcesSumToZero) {
   EXPECT_LT((a.virial - wv).abs().max().item<double>(), 1e-9);
 }
 
+TEST_P(ClusterTest, PruningThePaddingChangesNoResult) {
+  // A simulator's padding reaches past the interaction range (LAMMPS adds
+  // its skin): atoms more than L hops out, and edges into atoms more than
+  // L - 1 hops out, are left out; the oracle is the same cluster evaluated whole.
+  const auto model = this->model();
+  const Structure s = testing::random_periodic(6, {13, 22}, 11, 1.8);
+  const Cluster c = cut_out(s, model->interaction_range() + 1.5 * model->cutoff());
+  ClusterOptions o;
+  o.particle_energy = o.virial = o.particle_virial = true;
+  const ClusterResult pruned = evaluate_cluster(*model, c.positions, c.atomic_numbers, c.contributing, o);
+  o.prune_padding = false;
+  const ClusterResult whole = evaluate_cluster(*model, c.positions, c.atomic_numbers, c.contributing, o);
+  const int64_t count = c.positions.size(0);
+  EXPECT_EQ(whole.evaluated_atoms, count);
+  EXPECT_LT(pruned.evaluated_atoms, count);
+  EXPECT_LT(pruned.evaluated_edges, whole.evaluated_edges);
+  EXPECT_NEAR(pruned.energy, whole.energy, kEnergyTolerance);
+  EXPECT_LT((pruned.forces - whole.forces).abs().max().item<double>(), 1e-10);
+  EXPECT_LT((pruned.particle_energy - whole.particle_energy).abs().max().item<double>(), 1e-10);
+  EXPECT_LT((pruned.virial - whole.virial).abs().max().item<double>(), 1e-10);
+  EXPECT_LT((pruned.particle_virial - whole.particle_virial).abs().max().item<double>(), 1e-10);
+  // The atoms left out are exactly those whose whole-cluster forces vanish.
+  const at::Tensor zero_force = pruned.forces.abs().sum(1) == 0;
+  EXPECT_EQ(zero_force.sum().item<int64_t>(), count - pruned.evaluated_atoms);
+  EXPECT_EQ(whole.forces.index({zero_force}).abs().max().item<double>(), 0.0);
+}
+
 TEST_P(ClusterTest, TooFewImagesChangeTheEnergy) {
   // Negative control: images only out to (range - cutoff) are not enough,
   // which shows the test above depends on the interaction range.
