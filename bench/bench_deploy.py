@@ -10,7 +10,10 @@ point. Each size runs in a fresh process: peak memory is that process's
 maximum resident set, printed whole and per atom above the smallest size's.
 
 Usage: bench/bench_deploy.py [--build build] [--work /tmp/crucible_bench]
-       [--reps 4,8,16] [--models schnet,mace]
+       [--reps 4,8,16,32] [--models schnet,mace]
+A size whose peak memory, scaled from the previous size by the particles
+evaluated (ghosts included for KIM), would pass 80% of the available
+memory is skipped with a "skipped=memory" line.
 Prints one key=value line per path, model and size; run by
 bench/run_benchmarks.py.
 """
@@ -51,7 +54,7 @@ def child_calculator(pydir, run_dir, rep):
     print(f"seconds={best:.6f} peak_kb={peak}")
 
 
-def lammps_run(work, name, rep, env, steps=3):
+def lammps_run(work, name, rep, env, steps=1):
     inp = os.path.join(work, f"in_{name}_{rep}.lmp")
     with open(inp, "w") as f:
         f.write(f"""kim init {name} metal
@@ -67,7 +70,6 @@ neighbor 1.0 bin
 velocity all create 300 7
 fix 1 all nve
 thermo_style custom step pe press
-run 0
 run {steps}
 """)
     code = ("import resource,subprocess,sys;"
@@ -83,6 +85,23 @@ run {steps}
     return seconds, peak
 
 
+RANGE = {"schnet": 15.0, "mace": 10.0}  # interaction ranges of the bench models (3 and 2 layers at 5 Å)
+
+
+def evaluated_particles(path, model, rep, a=3.61, skin=1.0):
+    """Particles the model runs on: the cell's atoms, plus LAMMPS's ghosts
+    within influence distance + skin for the KIM model."""
+    if path != "lammps_kim":
+        return 4 * rep ** 3
+    side = rep * a + 2 * (RANGE[model] + skin)
+    return 4 * (side / a) ** 3
+
+
+def available_kb():
+    with open("/proc/meminfo") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("MemAvailable:"))
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child_calculator(sys.argv[2], sys.argv[3], int(sys.argv[4]))
@@ -90,7 +109,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--work", default="/tmp/crucible_bench")
-    ap.add_argument("--reps", default="4,8,16")
+    ap.add_argument("--reps", default="4,8,16,32")
     ap.add_argument("--models", default="schnet,mace")
     a = ap.parse_args()
     binary = os.path.abspath(os.path.join(a.build, "crucible"))
@@ -120,9 +139,17 @@ def main():
         subprocess.run(["kim-api-collections-management", "install", "user", kim_dir], check=True, env=env,
                        capture_output=True)
         for path in ("python_calculator", "lammps_kim"):
-            first = None
+            first = last = None
             for rep in reps:
                 n = 4 * rep ** 3
+                particles = evaluated_particles(path, model, rep)
+                if last is not None:  # peak grows with the particles evaluated: skip what would not fit
+                    estimate_kb = last[1] * particles / last[0]
+                    if estimate_kb > 0.8 * available_kb():
+                        print(f"path={path} model={model} threads=1 atoms={n} skipped=memory "
+                              f"estimate_gb={estimate_kb / 2 ** 20:.0f} available_gb={available_kb() / 2 ** 20:.0f}",
+                              flush=True)
+                        continue
                 if path == "python_calculator":
                     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", pydir, run_dir,
                                           str(rep)], check=True, env=env, capture_output=True, text=True).stdout
@@ -131,6 +158,7 @@ def main():
                 else:
                     seconds, peak = lammps_run(work, name, rep, env)
                 first = first or (n, peak)
+                last = (particles, peak)
                 marginal = (peak - first[1]) / (n - first[0]) if n > first[0] else float("nan")
                 print(f"path={path} model={model} threads=1 atoms={n} atoms_per_s={n / seconds:.0f} "
                       f"us_per_atom={1e6 * seconds / n:.2f} peak_mb={peak / 1024:.0f} "

@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--work", default="/tmp/crucible_bench")
     ap.add_argument("--reps", default="4,8,16,32", help="fcc cells per side: 4·rep³ atoms")
-    ap.add_argument("--deploy-reps", default="4,8,16")
+    ap.add_argument("--deploy-reps", default="4,8,16,32")
     ap.add_argument("--train-reps", default="4,8,16")
     ap.add_argument("--train-steps", type=int, default=60)
     ap.add_argument("--sections", default="inference,threads,training,bf16,train_threads,deploy",
@@ -141,6 +141,10 @@ def main():
             if not line.startswith("path="):
                 continue
             f = fields(line)
+            if "skipped" in f:
+                print(f"  {f['path']:<18} {f['model']:<7} {int(f['atoms']):>7} not run: ~{f['estimate_gb']} GB "
+                      f"estimated, {f['available_gb']} GB available", flush=True)
+                continue
             print(f"  {f['path']:<18} {f['model']:<7} {int(f['atoms']):>7} {float(f['atoms_per_s']):>9.0f} "
                   f"{float(f['us_per_atom']):>9.1f} {int(f['peak_mb']):>9} {f['marginal_kb_per_atom']:>23}", flush=True)
 
