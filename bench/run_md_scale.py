@@ -21,6 +21,11 @@ sys.path.insert(0, HERE)
 from run_benchmarks import cpu_flags, cpu_model, fields, last_line  # noqa: E402
 
 
+def available_gb():
+    with open("/proc/meminfo") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("MemAvailable:")) / 2 ** 20
+
+
 def run(cmd, env):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
 
@@ -31,7 +36,7 @@ def main():
     ap.add_argument("--work", default="/tmp/crucible_bench")
     ap.add_argument("--reps", default="4,8,16,32", help="fcc cells per side: 4·rep³ atoms")
     ap.add_argument("--deploy-reps", default="4,8,16,32")
-    ap.add_argument("--train-reps", default="4,8,16")
+    ap.add_argument("--train-reps", default="4,8,12,16")
     ap.add_argument("--train-steps", type=int, default=60)
     ap.add_argument("--sections", default="inference,threads,training,bf16,train_threads,deploy",
                     help="comma-separated subset to run")
@@ -89,8 +94,10 @@ def main():
         for model in ("schnet", "mace"):
             base = None
             for rep in [int(r) for r in a.train_reps.split(",")]:
-                if model == "mace" and rep > 12:
-                    print(f"  {model:<7} {4 * rep ** 3:>7} not run: the training path keeps ~1.5 MB per atom (25 GB here)")
+                need_gb = 4 * rep ** 3 * (1.6 if model == "mace" else 0.4) / 1024  # MB per atom, measured
+                if need_gb > 0.8 * available_gb():
+                    print(f"  {model:<7} {4 * rep ** 3:>7} not run: the training path would keep ~{need_gb:.0f} GB "
+                          f"(~{1.6 if model == 'mace' else 0.4} MB per atom), {available_gb():.0f} GB available")
                     continue
                 f = one(model, rep, path="training")
                 us = float(f["us_per_atom"])
