@@ -36,6 +36,7 @@ Batch Batch::to(at::Device device, at::ScalarType dtype) const {
   out.forces_weight = maybe_to(forces_weight, device, dtype);
   out.stress_weight = maybe_to(stress_weight, device, dtype);
   out.config_types = config_types;
+  out.layer_nodes = layer_nodes;
   return out;
 }
 

@@ -71,45 +71,70 @@ std::vector<int64_t> hops_from_contributing(const NeighborList& nl, const at::Te
 }
 
 /// The part of a cluster the contributing energies depend on (see
-/// ClusterOptions::prune_padding): kept atoms `atoms` (old indices, in
-/// order) and the edges among them, re-indexed.
+/// ClusterOptions::prune_padding): the kept atoms ordered by hops from the
+/// contributing ones (contributing first, then 1 hop, ...), the edges among
+/// them re-indexed and sorted by receiver, and each layer's node count.
 struct PrunedCluster {
-  at::Tensor atoms;  ///< [n'] int64, old indices.
-  NeighborList nl;   ///< edges whose receiver is within L - 1 hops.
+  at::Tensor atoms;                  ///< [n'] int64, old index of each new one.
+  NeighborList nl;                   ///< edges whose receiver is within L - 1 hops.
+  std::vector<int64_t> layer_nodes;  ///< [L]: atoms within L - 1 - t hops (Batch::layer_nodes).
 };
 
 PrunedCluster prune(const NeighborList& nl, const at::Tensor& contributing, int64_t layers) {
   const std::vector<int64_t> d = hops_from_contributing(nl, contributing, layers);
   const int64_t n = contributing.size(0), m = nl.num_edges();
-  std::vector<int64_t> keep, new_index(static_cast<size_t>(n), -1);
+  // Counting sort of the atoms by hops (stable: the caller's order within one hop count).
+  // at_hops[h] = atoms fewer than h hops out, h in [0, layers + 1]; d is at most layers + 1.
+  std::vector<int64_t> at_hops(static_cast<size_t>(layers + 2), 0);
   for (int64_t a = 0; a < n; ++a) {
-    if (d[static_cast<size_t>(a)] <= layers) {
-      new_index[static_cast<size_t>(a)] = static_cast<int64_t>(keep.size());
-      keep.push_back(a);
-    }
+    const int64_t h = d[static_cast<size_t>(a)];
+    if (h <= layers) ++at_hops[static_cast<size_t>(h) + 1];
   }
+  for (size_t k = 1; k < at_hops.size(); ++k) at_hops[k] += at_hops[k - 1];  // first new index per hop count
+  PrunedCluster p;
+  for (int64_t t = 0; t < layers; ++t) p.layer_nodes.push_back(at_hops[static_cast<size_t>(layers - t)]);
+  const int64_t kept = at_hops[static_cast<size_t>(layers + 1)];
+  std::vector<int64_t> keep(static_cast<size_t>(kept)), new_index(static_cast<size_t>(n), -1);
+  std::vector<int64_t> next(at_hops.begin(), at_hops.end() - 1);
+  for (int64_t a = 0; a < n; ++a) {
+    const auto h = static_cast<size_t>(d[static_cast<size_t>(a)]);
+    if (h > static_cast<size_t>(layers)) continue;
+    new_index[static_cast<size_t>(a)] = next[h];
+    keep[static_cast<size_t>(next[h]++)] = a;
+  }
+  // Edges into atoms within L - 1 hops (their senders are within L), sorted
+  // by new receiver (counting sort, stable).
   const at::Tensor ei = nl.edge_index.to(at::kLong).contiguous();
   const int64_t* recv = ei.data_ptr<int64_t>();
   const int64_t* send = recv + m;
-  std::vector<int64_t> edges, rows[2];
+  std::vector<int64_t> first_edge(static_cast<size_t>(kept) + 1, 0);
+  for (int64_t e = 0; e < m; ++e) {
+    if (d[static_cast<size_t>(recv[e])] <= layers - 1) ++first_edge[static_cast<size_t>(new_index[static_cast<size_t>(recv[e])]) + 1];
+  }
+  for (size_t k = 1; k < first_edge.size(); ++k) first_edge[k] += first_edge[k - 1];
+  const int64_t count = first_edge.back();
+  at::Tensor edge_index = at::empty({2, count}, at::kLong), idx = at::empty({count}, at::kLong);
+  int64_t* ri = edge_index.data_ptr<int64_t>();
+  int64_t* si = ri + count;
+  int64_t* ip = idx.data_ptr<int64_t>();
   for (int64_t e = 0; e < m; ++e) {
     if (d[static_cast<size_t>(recv[e])] > layers - 1) continue;  // its features at no layer matter
-    edges.push_back(e);
-    rows[0].push_back(new_index[static_cast<size_t>(recv[e])]);
-    rows[1].push_back(new_index[static_cast<size_t>(send[e])]);  // within `layers` hops
+    const int64_t r = new_index[static_cast<size_t>(recv[e])];
+    const int64_t slot = first_edge[static_cast<size_t>(r)]++;
+    ri[slot] = r;
+    si[slot] = new_index[static_cast<size_t>(send[e])];
+    ip[slot] = e;
   }
-  PrunedCluster p;
-  p.atoms = at::tensor(keep, at::kLong);
-  const auto count = static_cast<int64_t>(edges.size());
-  p.nl.edge_index = at::stack({at::tensor(rows[0], at::kLong).view({count}), at::tensor(rows[1], at::kLong).view({count})});
-  const at::Tensor idx = at::tensor(edges, at::kLong).view({count});
+  p.atoms = at::tensor(keep, at::kLong).view({kept});
+  p.nl.edge_index = edge_index;
   p.nl.shifts = nl.shifts.index_select(0, idx);
   p.nl.shift_vectors = nl.shift_vectors.index_select(0, idx);
   return p;
 }
 
 ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const NeighborList& nl,
-                             const at::Tensor& contributing, const ClusterOptions& options);
+                             const at::Tensor& contributing, const std::vector<int64_t>& layer_nodes,
+                             const ClusterOptions& options);
 
 }  // namespace
 
@@ -139,18 +164,27 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
                        *options.min_distance);
   }
   const at::Tensor contributing_cpu = contributing.to(at::kCPU);
-  at::Tensor kept;  // [n'] old indices of the atoms evaluated; undefined = all
-  if (options.prune_padding) {
-    PrunedCluster p = prune(nl, contributing_cpu, message_passing_layers(model));
-    if (p.atoms.size(0) < n || p.nl.num_edges() < nl.num_edges()) {
-      kept = p.atoms;
-      nl = std::move(p.nl);
-      s.positions = pos_cpu.index_select(0, kept);
-      s.atomic_numbers = s.atomic_numbers.index_select(0, kept);
-    }
+  at::Tensor kept;  // [n'] old indices of the atoms evaluated, in evaluation order; undefined = all
+  std::vector<int64_t> layer_nodes;
+  const int64_t num_contributing = contributing_cpu.sum().item<int64_t>();
+  if (num_contributing == 0) {  // e.g. an MPI rank whose domain holds no atom
+    ClusterResult none;
+    none.forces = at::zeros({n, 3}, at::kDouble);
+    if (options.particle_energy) none.particle_energy = at::zeros({n}, at::kDouble);
+    if (options.virial) none.virial = at::zeros({6}, at::kDouble);
+    if (options.particle_virial) none.particle_virial = at::zeros({n, 6}, at::kDouble);
+    return none;
   }
-  const ClusterResult pruned = evaluate_edges(model, s, nl, kept.defined() ? contributing_cpu.index_select(0, kept)
-                                                                         : contributing_cpu, options);
+  if (options.prune_padding && num_contributing < n) {
+    PrunedCluster p = prune(nl, contributing_cpu, message_passing_layers(model));
+    kept = p.atoms;
+    layer_nodes = std::move(p.layer_nodes);
+    nl = std::move(p.nl);
+    s.positions = pos_cpu.index_select(0, kept);
+    s.atomic_numbers = s.atomic_numbers.index_select(0, kept);
+  }
+  const ClusterResult pruned = evaluate_edges(
+      model, s, nl, kept.defined() ? contributing_cpu.index_select(0, kept) : contributing_cpu, layer_nodes, options);
   if (!kept.defined()) return pruned;
   ClusterResult out = pruned;  // back to the caller's n particles: those left out get zeros
   out.forces = at::zeros({n, 3}, at::kDouble).index_copy_(0, kept, pruned.forces);
@@ -166,7 +200,8 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
 namespace {
 
 ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const NeighborList& nl,
-                             const at::Tensor& contributing, const ClusterOptions& options) {
+                             const at::Tensor& contributing, const std::vector<int64_t>& layer_nodes,
+                             const ClusterOptions& options) {
   const int64_t n = s.positions.size(0);
   const at::Tensor& pos_cpu = s.positions;
   const bool want_virial = options.virial || options.particle_virial;
@@ -177,7 +212,9 @@ ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const Neigh
   const auto params = model.module().parameters();
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().device();
   const at::ScalarType dtype = params.empty() ? at::kDouble : params.front().scalar_type();
-  Batch batch = collate({&s}, {&nl}).to(device, dtype);
+  Batch batch = collate({&s}, {&nl});
+  batch.layer_nodes = layer_nodes;
+  batch = batch.to(device, dtype);
   const at::Tensor r = batch.positions.detach().requires_grad_(true);
   batch.positions = r;
   at::Tensor edge_grad_leaf;

@@ -197,6 +197,22 @@ TEST_P(ClusterTest, PruningThePaddingChangesNoResult) {
   EXPECT_EQ(whole.forces.index({zero_force}).abs().max().item<double>(), 0.0);
 }
 
+TEST_P(ClusterTest, OnlyPaddingGivesZerosWithoutRunningTheModel) {
+  // An MPI rank whose domain holds no atom passes only ghosts.
+  const auto model = this->model();
+  const Structure s = testing::random_periodic(5, {13, 22}, 4, 1.8);
+  ClusterOptions o;
+  o.particle_energy = o.virial = o.particle_virial = true;
+  const at::Tensor none = at::zeros({s.positions.size(0)}, at::kBool);
+  const ClusterResult r = evaluate_cluster(*model, s.positions, s.atomic_numbers, none, o);
+  EXPECT_EQ(r.energy, 0.0);
+  EXPECT_EQ(r.evaluated_atoms, 0);
+  ASSERT_EQ(r.forces.sizes(), (std::vector<int64_t>{5, 3}));
+  EXPECT_EQ(r.forces.abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(r.particle_virial.sizes(), (std::vector<int64_t>{5, 6}));
+  EXPECT_EQ(r.virial.abs().sum().item<double>(), 0.0);
+}
+
 TEST_P(ClusterTest, TooFewImagesChangeTheEnergy) {
   // Negative control: images only out to (range - cutoff) are not enough,
   // which shows the test above depends on the interaction range.

@@ -39,6 +39,14 @@ struct Batch {
   at::Tensor forces_weight;   ///< [B] float.
   at::Tensor stress_weight;   ///< [B] float.
   std::vector<std::string> config_types;  ///< [B] config_type of each structure.
+  /// Optional, one entry per message-passing layer (non-increasing): layer
+  /// t's output is needed only at nodes [0, layer_nodes[t]), whose edges
+  /// come first (edges sorted by receiver). evaluate_cluster sets it for a
+  /// KIM cluster ordered by hops from the contributing atoms; models that
+  /// honour it (SchNet, MACE; crucible/models/layer_nodes.h) then compute
+  /// each layer only there, and the node energies past the last layer's
+  /// nodes are meaningless. Empty (collate's default) = every node.
+  std::vector<int64_t> layer_nodes;
 
   /// Number of structures B.
   int64_t num_graphs() const { return num_atoms.size(0); }

@@ -107,6 +107,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
     const int64_t num_chunks = (P + chunk - 1) / chunk;
     std::vector<at::Tensor> agg = sum_over_chunks(num_chunks, like, [&](int64_t c, std::vector<at::Tensor>& acc) {
       const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
+      if (off[p0] == off[p1]) return;  // pairs without edges (none after compact_pairs)
       const Chunk k = make_chunk(p0, p1, feats, Y, mlp, L, edge_pair, order, off, receiver, sender, NP, C);
       for (size_t t = 0; t < L.terms.size(); ++t) {
         edge_contraction_accumulate(EdgeSlot::kMessage, acc[t], at::Tensor(), k.w, k.T[t], xs[t], k.recv, k.send,
@@ -151,6 +152,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
     const int64_t num_chunks = (P + chunk - 1) / chunk;
     std::vector<at::Tensor> gx = sum_over_chunks(num_chunks, xs, [&](int64_t c, std::vector<at::Tensor>& acc) {
       const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
+      if (off[p0] == off[p1]) return;  // pairs without edges: no gradient
       const Chunk k = make_chunk(p0, p1, feats, Y, mlp, L, edge_pair, order, off, receiver, sender, NP, C);
       const int64_t Ec = k.edges.size(0);
       at::Tensor gw = at::zeros_like(k.w);

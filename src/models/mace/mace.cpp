@@ -2,6 +2,7 @@
 // include/crucible/models/mace/mace.h for the equations.
 
 #include "crucible/models/mace/mace.h"
+#include "crucible/models/layer_nodes.h"
 #include "crucible/models/mace/chunked_interaction.h"
 #include "crucible/models/chunk_parallel.h"
 #include "crucible/models/cfconv.h"
@@ -281,12 +282,16 @@ at::Tensor MaceImpl::radial_weights(int64_t t, const at::Tensor& edge_feats) con
   return h;
 }
 
-at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Tensor& elem, const at::Tensor& sender,
+at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::Tensor& elem_all, const at::Tensor& sender,
                                    const at::Tensor& receiver, const at::Tensor& Y, const at::Tensor& radial,
-                                   const std::vector<at::Tensor>* tables, const PairEdges* chunked) {
+                                   const std::vector<at::Tensor>* tables, const PairEdges* chunked, int64_t n_out) {
   const Layer& L = layers_[static_cast<size_t>(t)];
   const size_t ts = static_cast<size_t>(t);
-  const int64_t N = h.size(0), C = channels_;
+  // Messages come from all h_in.size(0) nodes; everything after the
+  // aggregation runs on the first n_out (Batch::layer_nodes).
+  const int64_t N = n_out < 0 ? h_in.size(0) : n_out, C = channels_;
+  const at::Tensor h = N == h_in.size(0) ? h_in : h_in.slice(0, 0, N);  // the receivers' own features
+  const at::Tensor elem = elem_all.size(0) == N ? elem_all : elem_all.slice(0, 0, N);
   const at::ScalarType layer = h.scalar_type();
   auto keep = [&](const at::Tensor& x) { return x.scalar_type() == layer ? x : x.to(layer); };
 
@@ -302,7 +307,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Ten
       }
     }
   }
-  const at::Tensor hu = keep(linear_irreps(h, L.node, linear_up_[ts]));
+  const at::Tensor hu = keep(linear_irreps(h_in, L.node, linear_up_[ts]));
   at::Tensor agg;  // [N, mid, C]
   if (chunked) {
     // Inference path: `radial` holds the pair features; weights, tables and
@@ -316,6 +321,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h, const at::Ten
     const at::Tensor m = L.tp->messages_reference(hu.index_select(0, sender), Y, w);
     agg = at::zeros({N, L.tp->mid_dim(), C}, h.options()).index_add(0, receiver, keep(m));
   }
+  if (agg.size(0) != N) agg = agg.slice(0, 0, N);
   // Linear (mid → target) per target irrep, / avg_num_neighbors.
   std::vector<int64_t> path_dims;
   for (const auto& path : L.tp->paths()) path_dims.push_back(path.out.dim());
@@ -420,21 +426,44 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
       }
     }
   }
-  PairEdges pair_edges;
-  if (chunked) pair_edges = group_edges_by_pair(edge_pair, pair_rep.size(0), batch.edge_index);
   for (auto& tt : tables)
     for (auto& x : tt)
       if (x.defined()) x = x.to(layer);
   at::Tensor h = (embedding_ * (1.0 / std::sqrt(static_cast<double>(embedding_.size(0))))).index_select(0, elem).unsqueeze(1);
   const at::Tensor feats = edge_feats.to(layer);
-  at::Tensor energy;  // [N], geometry dtype
+  // Per-layer node sets (Batch::layer_nodes): layer t's receivers are the
+  // first extents[t].nodes nodes, its edges the first extents[t].edges.
+  const std::vector<LayerExtent> extents = layer_extents(batch, options_.num_interactions);
+  const int64_t E = batch.num_edges(), N = batch.num_nodes();
+  auto first = [](const at::Tensor& x, int64_t n) { return x.size(0) == n ? x : x.slice(0, 0, n); };
+  PairEdges pair_edges;
+  at::Tensor feats_t;           // the pair features pair_edges indexes
+  int64_t pair_edges_for = -1;  // the edge count pair_edges was grouped for
+  at::Tensor energy;  // [nodes of the layer], geometry dtype
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
+    const int64_t n_out = extents[static_cast<size_t>(t)].nodes, e_t = extents[static_cast<size_t>(t)].edges;
+    const at::Tensor recv_t = first(receiver, e_t), send_t = first(sender, e_t), Y_t = first(Y, e_t);
     if (chunked) {
-      h = layer_forward(t, h, elem, sender, receiver, Y, feats, nullptr, &pair_edges);
+      if (pair_edges_for != e_t) {
+        if (e_t == E) {
+          pair_edges = group_edges_by_pair(edge_pair, pair_rep.size(0), batch.edge_index);
+          feats_t = feats;
+        } else {  // the radial MLP on this layer's pairs only
+          const auto [used, local] = compact_pairs(edge_pair, e_t);
+          pair_edges = group_edges_by_pair(local, used.size(0), batch.edge_index.slice(1, 0, e_t));
+          feats_t = feats.index_select(0, used);
+        }
+        pair_edges_for = e_t;
+      }
+      h = layer_forward(t, h, elem, send_t, recv_t, Y_t, feats_t, nullptr, &pair_edges, n_out);
     } else {
       at::Tensor radial = radial_weights(t, feats);
-      if (!ref) radial = radial.index_select(0, edge_pair);
-      h = layer_forward(t, h, elem, sender, receiver, Y, radial, ref ? nullptr : &tables[static_cast<size_t>(t)]);
+      radial = ref ? first(radial, e_t) : radial.index_select(0, first(edge_pair, e_t));
+      std::vector<at::Tensor> tables_t;
+      if (!ref) {
+        for (const auto& x : tables[static_cast<size_t>(t)]) tables_t.push_back(x.defined() ? first(x, e_t) : x);
+      }
+      h = layer_forward(t, h, elem, send_t, recv_t, Y_t, radial, ref ? nullptr : &tables_t, nullptr, n_out);
     }
     const auto& R = readout_[static_cast<size_t>(t)];
     const auto offs = layers_[static_cast<size_t>(t)].out.offsets();
@@ -449,10 +478,10 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     }
     AutocastDisabledGuard no_autocast;
     e = e.squeeze(-1).to(geom);
-    energy = energy.defined() ? energy + e : e;
+    energy = energy.defined() ? first(energy, n_out) + e : e;
   }
   AutocastDisabledGuard no_autocast;
-  return scale_.to(geom) * energy + shift_.to(geom);
+  return scale_.to(geom) * pad_nodes(energy, N) + shift_.to(geom);
 }
 
 at::Tensor MaceImpl::node_energies(const Batch& batch) {

@@ -4,6 +4,7 @@
 // with a residual update of the atom features.
 
 #include "crucible/models/schnet.h"
+#include "crucible/models/layer_nodes.h"
 #include "crucible/models/cfconv.h"
 #include "crucible/models/filter_convolution.h"
 #include "crucible/models/shifted_softplus.h"
@@ -117,11 +118,29 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   }
   // Inner layers run in the layer dtype, or autocast's inside a mixed region.
   const at::Tensor rbf_in = chunked ? at::Tensor() : rbf.to(layer);
+  // Per-layer node sets (Batch::layer_nodes): layer t's receivers are the
+  // first extents[t].nodes nodes, its edges the first extents[t].edges.
+  const std::vector<LayerExtent> extents = layer_extents(batch, options_.num_interactions);
+  const int64_t E = batch.num_edges();
   PairEdges pair_edges;
-  if (chunked) pair_edges = group_edges_by_pair(edge_pair, pair_rep.size(0), batch.edge_index);
+  at::Tensor pair_d_t;          // the pair distances pair_edges indexes
+  int64_t pair_edges_for = -1;  // the edge count pair_edges was grouped for
 
   at::Tensor x = embedding_->forward(batch.atomic_numbers);   // [N,F]
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
+    const int64_t n_out = extents[static_cast<size_t>(t)].nodes, e_t = extents[static_cast<size_t>(t)].edges;
+    const at::Tensor i_t = e_t == E ? i : i.slice(0, 0, e_t), j_t = e_t == E ? j : j.slice(0, 0, e_t);
+    if (chunked && pair_edges_for != e_t) {
+      if (e_t == E) {
+        pair_edges = group_edges_by_pair(edge_pair, pair_rep.size(0), batch.edge_index);
+        pair_d_t = pair_d;
+      } else {  // the filter network on this layer's pairs only
+        const auto [used, local] = compact_pairs(edge_pair, e_t);
+        pair_edges = group_edges_by_pair(local, used.size(0), batch.edge_index.slice(1, 0, e_t));
+        pair_d_t = pair_d.index_select(0, used);
+      }
+      pair_edges_for = e_t;
+    }
     auto filter1 = filter1_->ptr<torch::nn::LinearImpl>(t);
     auto filter2 = filter2_->ptr<torch::nn::LinearImpl>(t);
     auto in2f = in2f_->ptr<torch::nn::LinearImpl>(t);
@@ -132,26 +151,28 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     if (chunked) {  // filter network + cfconv per pair chunk (issue 19)
       const FilterNetwork net{filter1->weight, filter1->bias, filter2->weight, filter2->bias,
                               offsets_.to(geom), gamma, rc};
-      v = filter_convolution(h, pair_d, net, pair_edges, inference_edge_chunk());
+      v = filter_convolution(h, pair_d_t, net, pair_edges, inference_edge_chunk());
     } else {
       // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
       at::Tensor W =
           filter2->forward(ssp(filter1->forward(rbf_in), ref)) * fc.unsqueeze(-1).to(layer);
       if (ref) {
-        const at::Tensor msg = h.index_select(0, j) * W;        // [E,K]
-        v = at::zeros({N, msg.size(1)}, msg.options()).index_add(0, i, msg);
+        if (e_t < E) W = W.slice(0, 0, e_t);
+        const at::Tensor msg = h.index_select(0, j_t) * W;      // [E,K]
+        v = at::zeros({h.size(0), msg.size(1)}, msg.options()).index_add(0, i_t, msg);
       } else {
-        W = W.index_select(0, edge_pair);                       // pairs → edges, [E,K]
-        v = cfconv(h, W, i, j);  // fused, hand-written derivatives (issue 7)
+        W = W.index_select(0, e_t == E ? edge_pair : edge_pair.slice(0, 0, e_t));  // pairs → edges, [E,K]
+        v = cfconv(h, W, i_t, j_t);  // fused, hand-written derivatives (issue 7)
       }
     }
-    v = dense->forward(ssp(f2out->forward(v), ref));  // [N,F]
-    x = x + v.to(x.scalar_type());
+    if (n_out < v.size(0)) v = v.slice(0, 0, n_out);
+    v = dense->forward(ssp(f2out->forward(v), ref));  // [n_out,F]
+    x = (n_out < x.size(0) ? x.slice(0, 0, n_out) : x) + v.to(x.scalar_type());
   }
   at::Tensor y = out2_->forward(ssp(out1_->forward(x), ref)).squeeze(-1);  // [N]
   // Back to the geometry dtype before the scale/shift and the energy sum.
   AutocastDisabledGuard no_autocast;
-  y = y.to(geom);
+  y = pad_nodes(y.to(geom), N);
   return scale_.to(geom) * y + shift_.to(geom);
 }
 

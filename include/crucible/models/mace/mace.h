@@ -102,7 +102,8 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   at::Tensor radial_weights(int64_t t, const at::Tensor& edge_feats) const;
   at::Tensor layer_forward(int64_t t, const at::Tensor& h, const at::Tensor& elem, const at::Tensor& sender,
                            const at::Tensor& receiver, const at::Tensor& Y, const at::Tensor& radial,
-                           const std::vector<at::Tensor>* tables, const PairEdges* chunked = nullptr);
+                           const std::vector<at::Tensor>* tables, const PairEdges* chunked = nullptr,
+                           int64_t n_out = -1);
   /// The radial MLP's weights of layer t with their scales folded in.
   std::vector<at::Tensor> radial_mlp_weights(int64_t t) const;
 

@@ -1,0 +1,42 @@
+#pragma once
+// Per-layer node sets of a message-passing model (Batch::layer_nodes,
+// issue 19): where only the first nodes' energies matter (the contributing
+// atoms of a KIM cluster), layer t of L needs its output only at the nodes
+// within L - 1 - t hops of them. evaluate_cluster orders the nodes by that
+// distance and the edges by receiver, so each layer's receivers are a prefix
+// of the nodes and its edges a prefix of the edges.
+
+#include "crucible/data/batch.h"
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace crucible {
+
+/// What layer t computes: outputs for nodes [0, nodes) from edges [0, edges).
+struct LayerExtent {
+  int64_t nodes = 0;  ///< receivers whose features after this layer are needed.
+  int64_t edges = 0;  ///< leading edges whose receiver is < nodes.
+};
+
+/// The extents of `num_layers` message-passing layers of `batch`: every
+/// node and edge where batch.layer_nodes is empty, else layer_nodes[t] nodes
+/// and the edges into them.
+/// @throws std::invalid_argument where layer_nodes is given but has a size
+///         other than num_layers, is not non-increasing within [1, N], the
+///         receivers (edge_index[0]) are not sorted, or an edge of layer
+///         t ≥ 1 has a sender outside layer t - 1's nodes.
+std::vector<LayerExtent> layer_extents(const Batch& batch, int64_t num_layers);
+
+/// The distance pairs (reverse_edge_pairs' edge_pair [E] int64) that the
+/// first `edges` edges use, so a layer on fewer edges evaluates its radial
+/// network on those pairs only: returns (used [P'] int64, ascending; the
+/// first `edges` edges' pair indices into `used` [edges] int64).
+std::pair<at::Tensor, at::Tensor> compact_pairs(const at::Tensor& edge_pair, int64_t edges);
+
+/// `x` ([n, ...], n ≤ total) padded with zero rows to [total, ...]: node
+/// energies of the nodes past the last layer's, which no one reads.
+at::Tensor pad_nodes(const at::Tensor& x, int64_t total);
+
+}  // namespace crucible

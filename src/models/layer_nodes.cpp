@@ -1,0 +1,60 @@
+// Per-layer node sets of a message-passing model (issue 19).
+
+#include "crucible/models/layer_nodes.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+namespace crucible {
+
+std::vector<LayerExtent> layer_extents(const Batch& batch, int64_t num_layers) {
+  const int64_t n = batch.num_nodes(), e = batch.num_edges();
+  std::vector<LayerExtent> out(static_cast<size_t>(num_layers), LayerExtent{n, e});
+  if (batch.layer_nodes.empty()) return out;
+  if (static_cast<int64_t>(batch.layer_nodes.size()) != num_layers) {
+    throw std::invalid_argument("Batch::layer_nodes must have one entry per layer (" + std::to_string(num_layers) +
+                                "), got " + std::to_string(batch.layer_nodes.size()));
+  }
+  const at::Tensor ei = batch.edge_index.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* recv = ei.data_ptr<int64_t>();
+  const int64_t* send = recv + e;
+  if (!std::is_sorted(recv, recv + e)) {
+    throw std::invalid_argument("Batch::layer_nodes needs the edges sorted by receiver (edge_index[0])");
+  }
+  int64_t previous = n;
+  for (int64_t t = 0; t < num_layers; ++t) {
+    const int64_t nodes = batch.layer_nodes[static_cast<size_t>(t)];
+    if (nodes < 1 || nodes > previous) {
+      throw std::invalid_argument("Batch::layer_nodes must be non-increasing within [1, " + std::to_string(n) +
+                                  "], got " + std::to_string(nodes) + " at layer " + std::to_string(t));
+    }
+    const int64_t edges = std::lower_bound(recv, recv + e, nodes) - recv;
+    if (t > 0 && edges > 0 && *std::max_element(send, send + edges) >= previous) {
+      throw std::invalid_argument("Batch::layer_nodes: an edge of layer " + std::to_string(t) +
+                                  " has a sender outside the " + std::to_string(previous) + " nodes of layer " +
+                                  std::to_string(t - 1));
+    }
+    out[static_cast<size_t>(t)] = {nodes, edges};
+    previous = nodes;
+  }
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> compact_pairs(const at::Tensor& edge_pair, int64_t edges) {
+  at::Tensor used, inverse;
+  std::tie(used, inverse) = at::_unique(edge_pair.slice(0, 0, edges), /*sorted=*/true, /*return_inverse=*/true);
+  return {used, inverse.to(at::kLong)};
+}
+
+at::Tensor pad_nodes(const at::Tensor& x, int64_t total) {
+  if (x.size(0) == total) return x;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = total - x.size(0);
+  return at::cat({x, at::zeros(shape, x.options())}, 0);
+}
+
+}  // namespace crucible

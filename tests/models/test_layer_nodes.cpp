@@ -1,0 +1,137 @@
+// Batch::layer_nodes (issue 19): a model that computes its last layer only
+// for the first k nodes gives those k nodes the node energies of the full
+// computation, on the training path and on the inference path; and bad
+// layer_nodes are refused (crucible/models/layer_nodes.h). Float64.
+
+#include "crucible/models/layer_nodes.h"
+#include "crucible/models/mace/mace.h"
+#include "crucible/models/schnet.h"
+
+#include "models/helpers.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <stdexcept>
+
+namespace crucible {
+namespace {
+
+std::shared_ptr<EnergyModel> make(const std::string& type) {
+  if (type == "schnet") {
+    SchNetOptions o;
+    o.hidden_channels = 16;
+    o.num_filters = 12;
+    o.num_interactions = 3;
+    o.num_gaussians = 10;
+    o.cutoff = 3.0;
+    o.max_atomic_number = 30;
+    at::manual_seed(3);
+    SchNet m(o);
+    m->to(at::kDouble);
+    return m.ptr();
+  }
+  MaceOptions o;
+  o.hidden_irreps = "4x0e+4x1o";
+  o.max_ell = 2;
+  o.correlation = 2;
+  o.num_interactions = 2;
+  o.num_bessel = 6;
+  o.radial_mlp = {8};
+  o.readout_mlp = 4;
+  o.cutoff = 3.0;
+  o.avg_num_neighbors = 6.0;
+  o.atomic_numbers = {13, 22};
+  at::manual_seed(5);
+  Mace m(o);
+  m->to(at::kDouble);
+  return m.ptr();
+}
+
+int64_t layers_of(const EnergyModel& m) { return std::llround(m.interaction_range() / m.cutoff()); }
+
+/// A periodic batch with its edges sorted by receiver (stable).
+Batch sorted_batch(double cutoff) {
+  Batch b = testing::make_batch({testing::random_periodic(10, {13, 22}, 21, 1.7)}, cutoff);
+  const at::Tensor order = std::get<1>(b.edge_index[0].sort(/*stable=*/true, 0, false));
+  b.edge_index = b.edge_index.index_select(1, order);
+  b.shifts = b.shifts.index_select(0, order);
+  return b;
+}
+
+class LayerNodesTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LayerNodesTest, TheLastLayerOnKNodesGivesThemTheirFullNodeEnergies) {
+  const auto model = make(GetParam());
+  const int64_t L = layers_of(*model);
+  ASSERT_GE(L, 2);
+  const Batch full = sorted_batch(model->cutoff());
+  const int64_t N = full.num_nodes(), k = 4;
+  const at::Tensor reference = model->node_energies(full).detach();
+  // The training path, then the inference path with small and default edge chunks.
+  for (const int64_t chunk : {int64_t{0}, int64_t{3}, int64_t{1024}}) {
+    const bool inference = chunk > 0;
+    if (inference) set_inference_edge_chunk(chunk);
+    Batch b = full;
+    b.layer_nodes.assign(static_cast<size_t>(L), N);
+    b.layer_nodes.back() = k;
+    b.positions = full.positions.clone().requires_grad_(true);
+    at::Tensor node;
+    {
+      std::unique_ptr<InferencePathGuard> guard;
+      if (inference) guard = std::make_unique<InferencePathGuard>();
+      node = model->node_energies(b);
+    }
+    ASSERT_EQ(node.size(0), N);
+    EXPECT_LT((node.slice(0, 0, k) - reference.slice(0, 0, k)).abs().max().item<double>(), 1e-12)
+        << (inference ? "inference" : "training") << " path";
+    // The nodes past k get no last-layer contribution: their values differ.
+    EXPECT_GT((node.slice(0, k) - reference.slice(0, k)).abs().max().item<double>(), 1e-6);
+    // Forces of the first k nodes' energy: autograd through the sliced layers
+    // equals autograd through the full model.
+    const at::Tensor g = torch::autograd::grad({node.slice(0, 0, k).sum()}, {b.positions})[0];
+    Batch c = full;
+    c.positions = full.positions.clone().requires_grad_(true);
+    const at::Tensor g_full = torch::autograd::grad({model->node_energies(c).slice(0, 0, k).sum()}, {c.positions})[0];
+    EXPECT_LT((g - g_full).abs().max().item<double>(), 1e-12);
+  }
+  set_inference_edge_chunk(0);
+  // Every layer on every node is the full computation.
+  Batch b = full;
+  b.layer_nodes.assign(static_cast<size_t>(L), N);
+  EXPECT_LT((model->node_energies(b) - reference).abs().max().item<double>(), 1e-12);
+}
+
+TEST_P(LayerNodesTest, BadLayerNodesAreRefused) {
+  const auto model = make(GetParam());
+  const int64_t L = layers_of(*model);
+  const Batch full = sorted_batch(model->cutoff());
+  const int64_t N = full.num_nodes();
+  Batch b = full;
+  b.layer_nodes.assign(static_cast<size_t>(L + 1), N);  // one per layer expected
+  EXPECT_THROW(model->node_energies(b), std::invalid_argument);
+  b.layer_nodes.assign(static_cast<size_t>(L), N);
+  b.layer_nodes.front() = N + 1;  // more than N
+  EXPECT_THROW(model->node_energies(b), std::invalid_argument);
+  b.layer_nodes.assign(static_cast<size_t>(L), 2);  // layer 1 on 2 nodes: senders outside
+  EXPECT_THROW(model->node_energies(b), std::invalid_argument);
+  b = full;
+  b.edge_index = b.edge_index.flip(1);  // receivers no longer sorted
+  b.shifts = b.shifts.flip(0);
+  b.layer_nodes.assign(static_cast<size_t>(L), N);
+  EXPECT_THROW(model->node_energies(b), std::invalid_argument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, LayerNodesTest, ::testing::Values("schnet", "mace"));
+
+TEST(LayerNodes, PadNodesAddsZeroRows) {
+  const at::Tensor x = at::arange(6, at::kDouble).view({3, 2});
+  const at::Tensor y = pad_nodes(x, 5);
+  ASSERT_EQ(y.size(0), 5);
+  EXPECT_TRUE(at::equal(y.slice(0, 0, 3), x));
+  EXPECT_EQ(y.slice(0, 3).abs().sum().item<double>(), 0.0);
+  EXPECT_TRUE(at::equal(pad_nodes(x, 3), x));
+}
+
+}  // namespace
+}  // namespace crucible
