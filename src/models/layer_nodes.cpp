@@ -50,6 +50,20 @@ std::pair<at::Tensor, at::Tensor> compact_pairs(const at::Tensor& edge_pair, int
   return {used, inverse.to(at::kLong)};
 }
 
+void LayerPairs::update(const at::Tensor& edge_pair, int64_t num_pairs, const at::Tensor& edge_index,
+                        const at::Tensor& pair_values, int64_t edges) {
+  if (for_edges == edges) return;
+  if (edges == edge_pair.size(0)) {
+    this->edges = group_edges_by_pair(edge_pair, num_pairs, edge_index);
+    values = pair_values;
+  } else {
+    const auto [used, local] = compact_pairs(edge_pair, edges);
+    this->edges = group_edges_by_pair(local, used.size(0), edge_index.slice(1, 0, edges));
+    values = pair_values.index_select(0, used);
+  }
+  for_edges = edges;
+}
+
 at::Tensor pad_nodes(const at::Tensor& x, int64_t total) {
   if (x.size(0) == total) return x;
   std::vector<int64_t> shape = x.sizes().vec();

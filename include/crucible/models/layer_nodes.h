@@ -7,6 +7,7 @@
 // of the nodes and its edges a prefix of the edges.
 
 #include "crucible/data/batch.h"
+#include "crucible/models/filter_convolution.h"
 
 #include <cstdint>
 #include <utility>
@@ -34,6 +35,21 @@ std::vector<LayerExtent> layer_extents(const Batch& batch, int64_t num_layers);
 /// network on those pairs only: returns (used [P'] int64, ascending; the
 /// first `edges` edges' pair indices into `used` [edges] int64).
 std::pair<at::Tensor, at::Tensor> compact_pairs(const at::Tensor& edge_pair, int64_t edges);
+
+/// The inference path's pair grouping of one layer, kept across layers
+/// while their edge counts agree.
+struct LayerPairs {
+  PairEdges edges;      ///< group_edges_by_pair of the layer's edges.
+  at::Tensor values;    ///< the rows of the per-pair tensor `edges` indexes ([P', ...]).
+  int64_t for_edges = -1;  ///< the edge count it was made for; -1 = none yet.
+
+  /// Regroups for the first `edges` edges of `edge_index` [2,E] (pairs
+  /// `edge_pair` [E] of `num_pairs`), with `pair_values` [P, ...] (pair
+  /// distances or radial features) cut to the pairs used, unless it is
+  /// already for that count.
+  void update(const at::Tensor& edge_pair, int64_t num_pairs, const at::Tensor& edge_index,
+              const at::Tensor& pair_values, int64_t edges);
+};
 
 /// `x` ([n, ...], n ≤ total) padded with zero rows to [total, ...]: node
 /// energies of the nodes past the last layer's, which no one reads.

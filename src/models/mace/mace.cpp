@@ -436,26 +436,14 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
   const std::vector<LayerExtent> extents = layer_extents(batch, options_.num_interactions);
   const int64_t E = batch.num_edges(), N = batch.num_nodes();
   auto first = [](const at::Tensor& x, int64_t n) { return x.size(0) == n ? x : x.slice(0, 0, n); };
-  PairEdges pair_edges;
-  at::Tensor feats_t;           // the pair features pair_edges indexes
-  int64_t pair_edges_for = -1;  // the edge count pair_edges was grouped for
+  LayerPairs pairs;  // inference path: the current layer's pair grouping and features
   at::Tensor energy;  // [nodes of the layer], geometry dtype
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
     const int64_t n_out = extents[static_cast<size_t>(t)].nodes, e_t = extents[static_cast<size_t>(t)].edges;
     const at::Tensor recv_t = first(receiver, e_t), send_t = first(sender, e_t), Y_t = first(Y, e_t);
-    if (chunked) {
-      if (pair_edges_for != e_t) {
-        if (e_t == E) {
-          pair_edges = group_edges_by_pair(edge_pair, pair_rep.size(0), batch.edge_index);
-          feats_t = feats;
-        } else {  // the radial MLP on this layer's pairs only
-          const auto [used, local] = compact_pairs(edge_pair, e_t);
-          pair_edges = group_edges_by_pair(local, used.size(0), batch.edge_index.slice(1, 0, e_t));
-          feats_t = feats.index_select(0, used);
-        }
-        pair_edges_for = e_t;
-      }
-      h = layer_forward(t, h, elem, send_t, recv_t, Y_t, feats_t, nullptr, &pair_edges, n_out);
+    if (chunked) {  // the radial MLP on this layer's pairs only
+      pairs.update(edge_pair, pair_rep.size(0), batch.edge_index, feats, e_t);
+      h = layer_forward(t, h, elem, send_t, recv_t, Y_t, pairs.values, nullptr, &pairs.edges, n_out);
     } else {
       at::Tensor radial = radial_weights(t, feats);
       radial = ref ? first(radial, e_t) : radial.index_select(0, first(edge_pair, e_t));

@@ -122,25 +122,14 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   // first extents[t].nodes nodes, its edges the first extents[t].edges.
   const std::vector<LayerExtent> extents = layer_extents(batch, options_.num_interactions);
   const int64_t E = batch.num_edges();
-  PairEdges pair_edges;
-  at::Tensor pair_d_t;          // the pair distances pair_edges indexes
-  int64_t pair_edges_for = -1;  // the edge count pair_edges was grouped for
+  LayerPairs pairs;  // inference path: the current layer's pair grouping and distances
 
   at::Tensor x = embedding_->forward(batch.atomic_numbers);   // [N,F]
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
     const int64_t n_out = extents[static_cast<size_t>(t)].nodes, e_t = extents[static_cast<size_t>(t)].edges;
     const at::Tensor i_t = e_t == E ? i : i.slice(0, 0, e_t), j_t = e_t == E ? j : j.slice(0, 0, e_t);
-    if (chunked && pair_edges_for != e_t) {
-      if (e_t == E) {
-        pair_edges = group_edges_by_pair(edge_pair, pair_rep.size(0), batch.edge_index);
-        pair_d_t = pair_d;
-      } else {  // the filter network on this layer's pairs only
-        const auto [used, local] = compact_pairs(edge_pair, e_t);
-        pair_edges = group_edges_by_pair(local, used.size(0), batch.edge_index.slice(1, 0, e_t));
-        pair_d_t = pair_d.index_select(0, used);
-      }
-      pair_edges_for = e_t;
-    }
+    // The filter network on this layer's pairs only.
+    if (chunked) pairs.update(edge_pair, pair_rep.size(0), batch.edge_index, pair_d, e_t);
     auto filter1 = filter1_->ptr<torch::nn::LinearImpl>(t);
     auto filter2 = filter2_->ptr<torch::nn::LinearImpl>(t);
     auto in2f = in2f_->ptr<torch::nn::LinearImpl>(t);
@@ -151,7 +140,7 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     if (chunked) {  // filter network + cfconv per pair chunk (issue 19)
       const FilterNetwork net{filter1->weight, filter1->bias, filter2->weight, filter2->bias,
                               offsets_.to(geom), gamma, rc};
-      v = filter_convolution(h, pair_d_t, net, pair_edges, inference_edge_chunk());
+      v = filter_convolution(h, pairs.values, net, pairs.edges, inference_edge_chunk());
     } else {
       // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
       at::Tensor W =
