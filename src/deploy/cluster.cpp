@@ -132,73 +132,8 @@ PrunedCluster prune(const NeighborList& nl, const at::Tensor& contributing, int6
   return p;
 }
 
-ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const NeighborList& nl,
-                             const at::Tensor& contributing, const std::vector<int64_t>& layer_nodes,
-                             const ClusterOptions& options);
-
-}  // namespace
-
-ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, const at::Tensor& atomic_numbers,
-                               const at::Tensor& contributing, const ClusterOptions& options) {
-  if (positions.dim() != 2 || positions.size(1) != 3 || positions.scalar_type() != at::kDouble) {
-    throw std::invalid_argument("evaluate_cluster: positions must be [n,3] float64");
-  }
-  const int64_t n = positions.size(0);
-  if (atomic_numbers.dim() != 1 || atomic_numbers.size(0) != n || atomic_numbers.scalar_type() != at::kLong) {
-    throw std::invalid_argument("evaluate_cluster: atomic_numbers must be [n] int64");
-  }
-  if (contributing.dim() != 1 || contributing.size(0) != n || contributing.scalar_type() != at::kBool) {
-    throw std::invalid_argument("evaluate_cluster: contributing must be [n] bool");
-  }
-  const at::Tensor pos_cpu = positions.to(at::kCPU).contiguous();
-  check_known_elements(model.elements(), atomic_numbers);
-
-  Structure s;
-  s.positions = pos_cpu;
-  s.atomic_numbers = atomic_numbers.to(at::kCPU).contiguous();
-  s.cell = at::zeros({3, 3}, at::kDouble);
-  s.pbc = {false, false, false};
-  NeighborList nl = build_neighbor_list(s.positions, s.cell, s.pbc, model.cutoff());
-  if (options.min_distance) {  // on every pair, in the caller's indices
-    check_min_distance(pos_cpu.index_select(0, nl.edge_index[1]) - pos_cpu.index_select(0, nl.edge_index[0]), nl,
-                       *options.min_distance);
-  }
-  const at::Tensor contributing_cpu = contributing.to(at::kCPU);
-  at::Tensor kept;  // [n'] old indices of the atoms evaluated, in evaluation order; undefined = all
-  std::vector<int64_t> layer_nodes;
-  const int64_t num_contributing = contributing_cpu.sum().item<int64_t>();
-  if (num_contributing == 0) {  // e.g. an MPI rank whose domain holds no atom
-    ClusterResult none;
-    none.forces = at::zeros({n, 3}, at::kDouble);
-    if (options.particle_energy) none.particle_energy = at::zeros({n}, at::kDouble);
-    if (options.virial) none.virial = at::zeros({6}, at::kDouble);
-    if (options.particle_virial) none.particle_virial = at::zeros({n, 6}, at::kDouble);
-    return none;
-  }
-  if (options.prune_padding && num_contributing < n) {
-    PrunedCluster p = prune(nl, contributing_cpu, message_passing_layers(model));
-    kept = p.atoms;
-    layer_nodes = std::move(p.layer_nodes);
-    nl = std::move(p.nl);
-    s.positions = pos_cpu.index_select(0, kept);
-    s.atomic_numbers = s.atomic_numbers.index_select(0, kept);
-  }
-  const ClusterResult pruned = evaluate_edges(
-      model, s, nl, kept.defined() ? contributing_cpu.index_select(0, kept) : contributing_cpu, layer_nodes, options);
-  if (!kept.defined()) return pruned;
-  ClusterResult out = pruned;  // back to the caller's n particles: those left out get zeros
-  out.forces = at::zeros({n, 3}, at::kDouble).index_copy_(0, kept, pruned.forces);
-  if (pruned.particle_energy.defined()) {
-    out.particle_energy = at::zeros({n}, at::kDouble).index_copy_(0, kept, pruned.particle_energy);
-  }
-  if (pruned.particle_virial.defined()) {
-    out.particle_virial = at::zeros({n, 6}, at::kDouble).index_copy_(0, kept, pruned.particle_virial);
-  }
-  return out;
-}
-
-namespace {
-
+/// Energy, forces and virials of the cluster `s` with edges `nl`, the model
+/// told Batch::layer_nodes; the body of evaluate_cluster after pruning.
 ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const NeighborList& nl,
                              const at::Tensor& contributing, const std::vector<int64_t>& layer_nodes,
                              const ClusterOptions& options) {
@@ -260,5 +195,64 @@ ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const Neigh
 }
 
 }  // namespace
+
+ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, const at::Tensor& atomic_numbers,
+                               const at::Tensor& contributing, const ClusterOptions& options) {
+  if (positions.dim() != 2 || positions.size(1) != 3 || positions.scalar_type() != at::kDouble) {
+    throw std::invalid_argument("evaluate_cluster: positions must be [n,3] float64");
+  }
+  const int64_t n = positions.size(0);
+  if (atomic_numbers.dim() != 1 || atomic_numbers.size(0) != n || atomic_numbers.scalar_type() != at::kLong) {
+    throw std::invalid_argument("evaluate_cluster: atomic_numbers must be [n] int64");
+  }
+  if (contributing.dim() != 1 || contributing.size(0) != n || contributing.scalar_type() != at::kBool) {
+    throw std::invalid_argument("evaluate_cluster: contributing must be [n] bool");
+  }
+  const at::Tensor pos_cpu = positions.to(at::kCPU).contiguous();
+  check_known_elements(model.elements(), atomic_numbers);
+
+  Structure s;
+  s.positions = pos_cpu;
+  s.atomic_numbers = atomic_numbers.to(at::kCPU).contiguous();
+  s.cell = at::zeros({3, 3}, at::kDouble);
+  s.pbc = {false, false, false};
+  NeighborList nl = build_neighbor_list(s.positions, s.cell, s.pbc, model.cutoff());
+  if (options.min_distance) {  // on every pair, in the caller's indices
+    check_min_distance(pos_cpu.index_select(0, nl.edge_index[1]) - pos_cpu.index_select(0, nl.edge_index[0]), nl,
+                       *options.min_distance);
+  }
+  const at::Tensor contributing_cpu = contributing.to(at::kCPU);
+  at::Tensor kept;  // [n'] old indices of the atoms evaluated, in evaluation order; undefined = all
+  std::vector<int64_t> layer_nodes;
+  const int64_t num_contributing = contributing_cpu.sum().item<int64_t>();
+  if (num_contributing == 0) {  // e.g. an MPI rank whose domain holds no atom
+    ClusterResult none;
+    none.forces = at::zeros({n, 3}, at::kDouble);
+    if (options.particle_energy) none.particle_energy = at::zeros({n}, at::kDouble);
+    if (options.virial) none.virial = at::zeros({6}, at::kDouble);
+    if (options.particle_virial) none.particle_virial = at::zeros({n, 6}, at::kDouble);
+    return none;
+  }
+  if (options.prune_padding && num_contributing < n) {
+    PrunedCluster p = prune(nl, contributing_cpu, message_passing_layers(model));
+    kept = p.atoms;
+    layer_nodes = std::move(p.layer_nodes);
+    nl = std::move(p.nl);
+    s.positions = pos_cpu.index_select(0, kept);
+    s.atomic_numbers = s.atomic_numbers.index_select(0, kept);
+  }
+  const ClusterResult pruned = evaluate_edges(
+      model, s, nl, kept.defined() ? contributing_cpu.index_select(0, kept) : contributing_cpu, layer_nodes, options);
+  if (!kept.defined()) return pruned;
+  ClusterResult out = pruned;  // back to the caller's n particles: those left out get zeros
+  out.forces = at::zeros({n, 3}, at::kDouble).index_copy_(0, kept, pruned.forces);
+  if (pruned.particle_energy.defined()) {
+    out.particle_energy = at::zeros({n}, at::kDouble).index_copy_(0, kept, pruned.particle_energy);
+  }
+  if (pruned.particle_virial.defined()) {
+    out.particle_virial = at::zeros({n, 6}, at::kDouble).index_copy_(0, kept, pruned.particle_virial);
+  }
+  return out;
+}
 
 }  // namespace crucible

@@ -64,6 +64,8 @@ void LayerPairs::update(const at::Tensor& edge_pair, int64_t num_pairs, const at
   for_edges = edges;
 }
 
+at::Tensor leading_rows(const at::Tensor& x, int64_t n) { return x.size(0) == n ? x : x.slice(0, 0, n); }
+
 at::Tensor pad_nodes(const at::Tensor& x, int64_t total) {
   if (x.size(0) == total) return x;
   std::vector<int64_t> shape = x.sizes().vec();

@@ -113,12 +113,10 @@ ThreadChoice choose_thread_count(const std::function<void()>& pass, const Thread
       pass();
       const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       ms[k].push_back(t);
-
       spent += t;
     }
   }
   for (size_t k = 0; k < candidates.size(); ++k) choice.timings.push_back({candidates[k], median(ms[k])});
-  at::set_num_threads(1);
   const double one = choice.timings[0].ms_per_pass, many = choice.timings[1].ms_per_pass;
   choice.threads = many * options.min_speedup < one ? options.max_threads : 1;
   at::set_num_threads(choice.threads);

@@ -11,6 +11,7 @@
 #include "crucible/neighbors/neighbor_list.h"
 
 #include "models/helpers.h"
+#include "models/small_models.h"
 
 #include <gtest/gtest.h>
 
@@ -22,43 +23,21 @@ namespace {
 constexpr double kEnergyTolerance = 1e-11;  // eV, float64 sums of ~25 eV
 
 std::shared_ptr<EnergyModel> schnet_model() {
-  SchNetOptions o;
-  o.hidden_channels = 16;
-  o.num_filters = 12;
-  o.num_interactions = 3;
-  o.num_gaussians = 10;
-  o.cutoff = 2.6;
-  o.max_atomic_number = 30;
-  at::manual_seed(3);
-  SchNet m(o);
-  m->to(at::kDouble);
+  auto m = testing::small_schnet(2.6);
   at::Tensor e0 = at::zeros({31}, at::kDouble);  // [max_atomic_number + 1]
   e0[13] = -2.5;
   e0[22] = -5.0;
   m->set_energy_normalization(e0, 0.7, -0.2);
-  return m.ptr();
+  return m;
 }
 
 std::shared_ptr<EnergyModel> mace_model() {
-  MaceOptions o;
-  o.hidden_irreps = "4x0e+4x1o";
-  o.max_ell = 2;
-  o.correlation = 2;
-  o.num_interactions = 2;
-  o.num_bessel = 6;
-  o.radial_mlp = {8};
-  o.readout_mlp = 4;
-  o.cutoff = 3.2;
-  o.avg_num_neighbors = 6.0;
-  o.atomic_numbers = {13, 22};
-  at::manual_seed(5);
-  Mace m(o);
-  m->to(at::kDouble);
+  auto m = testing::small_mace(3.2);
   at::Tensor e0 = at::zeros({119}, at::kDouble);
   e0[13] = -2.5;
   e0[22] = -5.0;
   m->set_energy_normalization(e0, 0.8, -0.3);
-  return m.ptr();
+  return m;
 }
 
 /// The periodic structure as a cluster: home atoms first (contributing),

@@ -8,6 +8,7 @@
 #include "crucible/models/schnet.h"
 
 #include "models/helpers.h"
+#include "models/small_models.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -18,34 +19,7 @@ namespace crucible {
 namespace {
 
 std::shared_ptr<EnergyModel> make(const std::string& type) {
-  if (type == "schnet") {
-    SchNetOptions o;
-    o.hidden_channels = 16;
-    o.num_filters = 12;
-    o.num_interactions = 3;
-    o.num_gaussians = 10;
-    o.cutoff = 3.0;
-    o.max_atomic_number = 30;
-    at::manual_seed(3);
-    SchNet m(o);
-    m->to(at::kDouble);
-    return m.ptr();
-  }
-  MaceOptions o;
-  o.hidden_irreps = "4x0e+4x1o";
-  o.max_ell = 2;
-  o.correlation = 2;
-  o.num_interactions = 2;
-  o.num_bessel = 6;
-  o.radial_mlp = {8};
-  o.readout_mlp = 4;
-  o.cutoff = 3.0;
-  o.avg_num_neighbors = 6.0;
-  o.atomic_numbers = {13, 22};
-  at::manual_seed(5);
-  Mace m(o);
-  m->to(at::kDouble);
-  return m.ptr();
+  return type == "schnet" ? testing::small_schnet(3.0) : testing::small_mace(3.0);
 }
 
 int64_t layers_of(const EnergyModel& m) { return std::llround(m.interaction_range() / m.cutoff()); }

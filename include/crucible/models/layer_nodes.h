@@ -51,6 +51,9 @@ struct LayerPairs {
               const at::Tensor& pair_values, int64_t edges);
 };
 
+/// The first `n` rows of `x` ([m, ...], n ≤ m): `x` itself when n == m.
+at::Tensor leading_rows(const at::Tensor& x, int64_t n);
+
 /// `x` ([n, ...], n ≤ total) padded with zero rows to [total, ...]: node
 /// energies of the nodes past the last layer's, which no one reads.
 at::Tensor pad_nodes(const at::Tensor& x, int64_t total);

@@ -39,10 +39,14 @@ struct ThreadTiming {
 /// The thread count chosen, and why.
 struct ThreadChoice {
   int threads = 1;                   ///< what at::set_num_threads now holds.
-  std::string source;                ///< "measured", "OMP_NUM_THREADS", "one core", "set".
+  /// How it was chosen: "measured", "one core" (choose_thread_count), or
+  /// resolve_thread_count's "training.num_threads", "auto: OMP_NUM_THREADS",
+  /// "auto: one core per worker", "auto: this worker's cores".
+  std::string source;
   std::vector<ThreadTiming> timings;  ///< candidates in the order run (source "measured").
-  /// One line for the run header, e.g. "2 (auto: 1 thread 41.0 ms/batch,
-  /// 2 threads 27.3 ms/batch)".
+  /// One line for the run header, e.g. "2 (auto, the faster on the first
+  /// batch: 1 thread 41.0 ms/batch, 2 threads 27.3 ms/batch)", or
+  /// "1 (auto: OMP_NUM_THREADS)" when not measured.
   std::string describe() const;
 };
 

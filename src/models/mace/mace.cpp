@@ -290,8 +290,8 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
   // Messages come from all h_in.size(0) nodes; everything after the
   // aggregation runs on the first n_out (Batch::layer_nodes).
   const int64_t N = n_out < 0 ? h_in.size(0) : n_out, C = channels_;
-  const at::Tensor h = N == h_in.size(0) ? h_in : h_in.slice(0, 0, N);  // the receivers' own features
-  const at::Tensor elem = elem_all.size(0) == N ? elem_all : elem_all.slice(0, 0, N);
+  const at::Tensor h = leading_rows(h_in, N);  // the receivers' own features
+  const at::Tensor elem = leading_rows(elem_all, N);
   const at::ScalarType layer = h.scalar_type();
   auto keep = [&](const at::Tensor& x) { return x.scalar_type() == layer ? x : x.to(layer); };
 
@@ -321,7 +321,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
     const at::Tensor m = L.tp->messages_reference(hu.index_select(0, sender), Y, w);
     agg = at::zeros({N, L.tp->mid_dim(), C}, h.options()).index_add(0, receiver, keep(m));
   }
-  if (agg.size(0) != N) agg = agg.slice(0, 0, N);
+  agg = leading_rows(agg, N);
   // Linear (mid → target) per target irrep, / avg_num_neighbors.
   std::vector<int64_t> path_dims;
   for (const auto& path : L.tp->paths()) path_dims.push_back(path.out.dim());
@@ -434,22 +434,21 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
   // Per-layer node sets (Batch::layer_nodes): layer t's receivers are the
   // first extents[t].nodes nodes, its edges the first extents[t].edges.
   const std::vector<LayerExtent> extents = layer_extents(batch, options_.num_interactions);
-  const int64_t E = batch.num_edges(), N = batch.num_nodes();
-  auto first = [](const at::Tensor& x, int64_t n) { return x.size(0) == n ? x : x.slice(0, 0, n); };
+  const int64_t N = batch.num_nodes();
   LayerPairs pairs;  // inference path: the current layer's pair grouping and features
   at::Tensor energy;  // [nodes of the layer], geometry dtype
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
     const int64_t n_out = extents[static_cast<size_t>(t)].nodes, e_t = extents[static_cast<size_t>(t)].edges;
-    const at::Tensor recv_t = first(receiver, e_t), send_t = first(sender, e_t), Y_t = first(Y, e_t);
+    const at::Tensor recv_t = leading_rows(receiver, e_t), send_t = leading_rows(sender, e_t), Y_t = leading_rows(Y, e_t);
     if (chunked) {  // the radial MLP on this layer's pairs only
       pairs.update(edge_pair, pair_rep.size(0), batch.edge_index, feats, e_t);
       h = layer_forward(t, h, elem, send_t, recv_t, Y_t, pairs.values, nullptr, &pairs.edges, n_out);
     } else {
       at::Tensor radial = radial_weights(t, feats);
-      radial = ref ? first(radial, e_t) : radial.index_select(0, first(edge_pair, e_t));
+      radial = ref ? leading_rows(radial, e_t) : radial.index_select(0, leading_rows(edge_pair, e_t));
       std::vector<at::Tensor> tables_t;
       if (!ref) {
-        for (const auto& x : tables[static_cast<size_t>(t)]) tables_t.push_back(x.defined() ? first(x, e_t) : x);
+        for (const auto& x : tables[static_cast<size_t>(t)]) tables_t.push_back(x.defined() ? leading_rows(x, e_t) : x);
       }
       h = layer_forward(t, h, elem, send_t, recv_t, Y_t, radial, ref ? nullptr : &tables_t, nullptr, n_out);
     }
@@ -466,7 +465,7 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     }
     AutocastDisabledGuard no_autocast;
     e = e.squeeze(-1).to(geom);
-    energy = energy.defined() ? first(energy, n_out) + e : e;
+    energy = energy.defined() ? leading_rows(energy, n_out) + e : e;
   }
   AutocastDisabledGuard no_autocast;
   return scale_.to(geom) * pad_nodes(energy, N) + shift_.to(geom);

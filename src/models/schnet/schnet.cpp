@@ -121,13 +121,12 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   // Per-layer node sets (Batch::layer_nodes): layer t's receivers are the
   // first extents[t].nodes nodes, its edges the first extents[t].edges.
   const std::vector<LayerExtent> extents = layer_extents(batch, options_.num_interactions);
-  const int64_t E = batch.num_edges();
   LayerPairs pairs;  // inference path: the current layer's pair grouping and distances
 
   at::Tensor x = embedding_->forward(batch.atomic_numbers);   // [N,F]
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
     const int64_t n_out = extents[static_cast<size_t>(t)].nodes, e_t = extents[static_cast<size_t>(t)].edges;
-    const at::Tensor i_t = e_t == E ? i : i.slice(0, 0, e_t), j_t = e_t == E ? j : j.slice(0, 0, e_t);
+    const at::Tensor i_t = leading_rows(i, e_t), j_t = leading_rows(j, e_t);
     // The filter network on this layer's pairs only.
     if (chunked) pairs.update(edge_pair, pair_rep.size(0), batch.edge_index, pair_d, e_t);
     auto filter1 = filter1_->ptr<torch::nn::LinearImpl>(t);
@@ -146,17 +145,15 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
       at::Tensor W =
           filter2->forward(ssp(filter1->forward(rbf_in), ref)) * fc.unsqueeze(-1).to(layer);
       if (ref) {
-        if (e_t < E) W = W.slice(0, 0, e_t);
-        const at::Tensor msg = h.index_select(0, j_t) * W;      // [E,K]
+        const at::Tensor msg = h.index_select(0, j_t) * leading_rows(W, e_t);  // [E,K]
         v = at::zeros({h.size(0), msg.size(1)}, msg.options()).index_add(0, i_t, msg);
       } else {
-        W = W.index_select(0, e_t == E ? edge_pair : edge_pair.slice(0, 0, e_t));  // pairs → edges, [E,K]
+        W = W.index_select(0, leading_rows(edge_pair, e_t));  // pairs → edges, [E,K]
         v = cfconv(h, W, i_t, j_t);  // fused, hand-written derivatives (issue 7)
       }
     }
-    if (n_out < v.size(0)) v = v.slice(0, 0, n_out);
-    v = dense->forward(ssp(f2out->forward(v), ref));  // [n_out,F]
-    x = (n_out < x.size(0) ? x.slice(0, 0, n_out) : x) + v.to(x.scalar_type());
+    v = dense->forward(ssp(f2out->forward(leading_rows(v, n_out)), ref));  // [n_out,F]
+    x = leading_rows(x, n_out) + v.to(x.scalar_type());
   }
   at::Tensor y = out2_->forward(ssp(out1_->forward(x), ref)).squeeze(-1);  // [N]
   // Back to the geometry dtype before the scale/shift and the energy sum.

@@ -100,7 +100,10 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   };
   at::Tensor element_index(const at::Tensor& atomic_numbers) const;
   at::Tensor radial_weights(int64_t t, const at::Tensor& edge_feats) const;
-  at::Tensor layer_forward(int64_t t, const at::Tensor& h, const at::Tensor& elem, const at::Tensor& sender,
+  /// Interaction t: messages from every row of `h_in` along the given
+  /// edges, node updates for its first `n_out` rows (-1 = all;
+  /// Batch::layer_nodes), which the result [n_out, D, C] holds.
+  at::Tensor layer_forward(int64_t t, const at::Tensor& h_in, const at::Tensor& elem_all, const at::Tensor& sender,
                            const at::Tensor& receiver, const at::Tensor& Y, const at::Tensor& radial,
                            const std::vector<at::Tensor>* tables, const PairEdges* chunked = nullptr,
                            int64_t n_out = -1);
