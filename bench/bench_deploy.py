@@ -2,8 +2,9 @@
 """Inference through the deployment paths (issue 19, deliverable 5): atoms/s
 and peak memory of energy + forces + stress for rattled fcc Cu cells (a =
 3.61 Å, 5 Å cutoff) through the Python calculator (crucible.Calculator,
-float32) and Debian's LAMMPS through KIM (whose driver evaluates in
-float64, as LAMMPS does, so its rows are float64). Models: a SchNet
+float32) and Debian's LAMMPS through KIM, once exported with `--dtype
+float32` (path lammps_kim_f32, like for like with the calculator) and once
+in float64, the export's default (path lammps_kim). Models: a SchNet
 and a MACE (the `crucible train` defaults at cutoff 5 Å) trained for a few
 steps on the Cu EMT set, so the weights are real but accuracy is not the
 point. Each size runs in a fresh process: peak memory is that process's
@@ -91,7 +92,7 @@ RANGE = {"schnet": 15.0, "mace": 10.0}  # interaction ranges of the bench models
 def evaluated_particles(path, model, rep, a=3.61, skin=1.0):
     """Particles the model runs on: the cell's atoms, plus LAMMPS's ghosts
     within influence distance + skin for the KIM model."""
-    if path != "lammps_kim":
+    if not path.startswith("lammps_kim"):
         return 4 * rep ** 3
     side = rep * a + 2 * (RANGE[model] + skin)
     return 4 * (side / a) ** 3
@@ -128,17 +129,18 @@ def main():
         subprocess.run([binary, "train", f"data.train_file={data}", f"model.type={model}", "model.cutoff=5.0",
                         "training.num_steps=5", "training.dtype=float32", f"output.run_dir={run_dir}",
                         "output.overwrite=true"], check=True, env=env, capture_output=True)
-        name = f"Cu_{model}_bench"
-        kim_dir = os.path.join(work, name)
-        shutil.rmtree(kim_dir, ignore_errors=True)
-        subprocess.run([binary, "export", "kim", run_dir, "--name", name, "--out", kim_dir], check=True, env=env,
-                       capture_output=True)
-        for item in (name, name + "_driver"):  # an installed driver would make install skip the new model
-            subprocess.run(["kim-api-collections-management", "remove", "--force", item], env=env,
+        items = {"lammps_kim": (f"Cu_{model}_bench", "float64"), "lammps_kim_f32": (f"Cu_{model}_bench_f32", "float32")}
+        for name, dtype in items.values():
+            kim_dir = os.path.join(work, name)
+            shutil.rmtree(kim_dir, ignore_errors=True)
+            subprocess.run([binary, "export", "kim", run_dir, "--name", name, "--out", kim_dir, "--dtype", dtype],
+                           check=True, env=env, capture_output=True)
+            for item in (name, name + "_driver"):  # an installed driver would make install skip the new model
+                subprocess.run(["kim-api-collections-management", "remove", "--force", item], env=env,
+                               capture_output=True)
+            subprocess.run(["kim-api-collections-management", "install", "user", kim_dir], check=True, env=env,
                            capture_output=True)
-        subprocess.run(["kim-api-collections-management", "install", "user", kim_dir], check=True, env=env,
-                       capture_output=True)
-        for path in ("python_calculator", "lammps_kim"):
+        for path in ("python_calculator", "lammps_kim_f32", "lammps_kim"):
             first = last = None
             for rep in reps:
                 n = 4 * rep ** 3
@@ -156,7 +158,7 @@ def main():
                     f = dict(kv.split("=") for kv in out.split())
                     seconds, peak = float(f["seconds"]), int(f["peak_kb"])
                 else:
-                    seconds, peak = lammps_run(work, name, rep, env)
+                    seconds, peak = lammps_run(work, items[path][0], rep, env)
                 first = first or (n, peak)
                 last = (particles, peak)
                 marginal = (peak - first[1]) / (n - first[0]) if n > first[0] else float("nan")

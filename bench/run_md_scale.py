@@ -139,7 +139,7 @@ def main():
                   f"faster: {faster}; auto: {auto}", flush=True)
         print()
     if "deploy" in sections:
-        print("deployment paths (trained 5-step models, 1 thread; calculator float32, KIM float64):")
+        print("deployment paths (trained 5-step models, 1 thread; calculator and lammps_kim_f32 float32, lammps_kim float64):")
         out = run([sys.executable, os.path.join(HERE, "bench_deploy.py"), "--build", a.build, "--work", a.work,
                    "--reps", a.deploy_reps], env1)
         print(f"  {'path':<18} {'model':<7} {'atoms':>7} {'atoms/s':>9} {'µs/atom':>9} {'peak MiB':>9} "

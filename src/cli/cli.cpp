@@ -152,6 +152,8 @@ int run(int argc, char** argv) {
       ->required();
   export_kim_cmd->add_option("--name", export_kim.name, "KIM model name (letters, digits, _)")->required();
   export_kim_cmd->add_option("--out", export_kim.out_dir, "New or empty directory to write")->required();
+  export_kim_cmd->add_option("--dtype", export_kim.dtype, "Evaluation dtype of the KIM model: float64 (default) or float32")
+      ->check(CLI::IsMember({"float64", "float32"}));
 
   // config
   bool dump_default = false, markdown = false;

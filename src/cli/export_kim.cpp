@@ -2,6 +2,7 @@
 // deliverable 2). Layout and reasons: docs/deployment_kim.md.
 
 #include "crucible/cli/commands.h"
+#include "crucible/cli/kim_settings.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/common/error.h"
 #include "crucible/data/extxyz.h"
@@ -87,17 +88,18 @@ kim_api_items_setup_after_project(ITEM_TYPE "portableModel")
 add_kim_api_model_library(
   NAME {name}
   DRIVER_NAME {name}_driver
-  PARAMETER_FILES model.json model.pt)
+  PARAMETER_FILES model.json model.pt settings.json)
 )",
                      fmt::arg("name", name));
 }
 
 std::string readme(const std::string& name, const LoadedModel& loaded, const std::string& source,
-                   const std::string& elements) {
+                   const std::string& elements, const std::string& dtype) {
   return fmt::format(R"(# KIM portable model {name}
 
 Exported by `crucible export kim` from {source}: a {type} model of {elements}
-(cutoff {cutoff} Å, interaction range {range} Å), metal units (Å, eV).
+(cutoff {cutoff} Å, interaction range {range} Å), metal units (Å, eV),
+evaluated in {dtype} (settings.json; `crucible export kim --dtype`).
 
 Install (builds the driver {name}_driver and the model {name}):
 
@@ -115,7 +117,8 @@ element it was not trained on fails at `kim interactions`.
 )",
                      fmt::arg("name", name), fmt::arg("source", source), fmt::arg("type", loaded.meta.model_type),
                      fmt::arg("elements", elements), fmt::arg("cutoff", loaded.model->cutoff()),
-                     fmt::arg("range", loaded.model->interaction_range()), fmt::arg("name_dir", "THIS_DIRECTORY"));
+                     fmt::arg("range", loaded.model->interaction_range()), fmt::arg("name_dir", "THIS_DIRECTORY"),
+                     fmt::arg("dtype", dtype));
 }
 
 }  // namespace
@@ -128,6 +131,8 @@ void run_export_kim(const ExportKimRequest& request, std::ostream& out) {
     throw ConfigError("--name must be a KIM item name (letters, digits and _, not starting with a digit), got '" +
                       request.name + "'");
   }
+  KimSettings settings;
+  settings.dtype = kim_dtype(request.dtype, "--dtype");
   const std::string engine = kim_engine_path();
   if (engine.empty() || !fs::is_regular_file(engine)) {
     throw ConfigError("export kim needs Crucible's KIM driver (libcrucible_kim.so), which this build lacks" +
@@ -150,9 +155,10 @@ void run_export_kim(const ExportKimRequest& request, std::ostream& out) {
     fs::copy_file(engine, tmp / "libcrucible_kim.so");
     fs::copy_file(fs::path(model_dir) / "model.json", tmp / "model" / "model.json");
     fs::copy_file(fs::path(model_dir) / "model.pt", tmp / "model" / "model.pt");
+    write_text(tmp / "model" / kKimSettingsFile, kim_settings_json(settings));
     write_text(tmp / "CMakeLists.txt", driver_cmake(request.name));
     write_text(tmp / "model" / "CMakeLists.txt", model_cmake(request.name));
-    write_text(tmp / "README.md", readme(request.name, loaded, model_dir, elements));
+    write_text(tmp / "README.md", readme(request.name, loaded, model_dir, elements, request.dtype));
     if (fs::exists(dest)) fs::remove(dest);  // empty, checked above
     fs::rename(tmp, dest);
   } catch (const fs::filesystem_error& e) {
@@ -160,7 +166,8 @@ void run_export_kim(const ExportKimRequest& request, std::ostream& out) {
     fs::remove_all(tmp, ignored);
     throw DataError(std::string("export kim: ") + e.what());
   }
-  out << fmt::format("wrote KIM model {} (driver {}_driver) to {}\n", request.name, request.name, dest.string());
+  out << fmt::format("wrote KIM model {} (driver {}_driver, {}) to {}\n", request.name, request.name, request.dtype,
+                     dest.string());
   out << fmt::format("install: kim-api-collections-management install user {}\n", dest.string());
   out << fmt::format("LAMMPS:  kim init {} metal ... kim interactions {}\n", request.name, elements);
 }

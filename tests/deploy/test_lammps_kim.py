@@ -12,7 +12,10 @@ install user` (into a private HOME) and runs Debian's `lmp`:
   (1e-8 relative) and conserves the total energy (bound below);
 - an element the model lacks fails at `kim interactions`; atoms closer than
   the model's minimum distance fail with the model's message; export refuses
-  a bad name, a non-empty directory and a model of an unknown format.
+  a bad name, a non-empty directory, a model of an unknown format and an
+  unknown --dtype;
+- `export kim --dtype float32` (issue 19): the same quantities equal the
+  float32 calculator's to float32 rounding and differ from float64's.
 
 Usage: test_lammps_kim.py CRUCIBLE_BINARY BUILD_PYTHON_DIR WORK_DIR
 """
@@ -52,12 +55,18 @@ def run(cmd, check=True, cwd=None):
     return p
 
 
+def install(rundir, name, *export_args):
+    out = os.path.join(WORK, name)
+    run([BINARY, "export", "kim", rundir, "--name", name, "--out", out, *export_args])
+    run(["kim-api-collections-management", "install", "user", out])
+
+
 def train_and_install(name, *overrides):
+    """Trains, then installs the KIM model NAME (float64) and NAME_f32."""
     rundir = os.path.join(WORK, name + "_run")
     run([BINARY, "train", "output.run_dir=" + rundir, "output.overwrite=true", "training.dtype=float64", *overrides])
-    out = os.path.join(WORK, name)
-    run([BINARY, "export", "kim", rundir, "--name", name, "--out", out])
-    run(["kim-api-collections-management", "install", "user", out])
+    install(rundir, name)
+    install(rundir, name + "_f32", "--dtype", "float32")
     return rundir
 
 
@@ -126,7 +135,9 @@ def thermo_table(log):
 
 
 class SinglePoints(unittest.TestCase):
-    def single_point(self, name, rundir, atoms, tag):
+    def single_point(self, name, rundir, atoms, tag, dtype="float64", tol=1e-8):
+        """LAMMPS/KIM against crucible.Calculator(rundir, dtype) to `tol`
+        (eV, eV/Å; the stress relative); returns LAMMPS's energy, forces."""
         periodic = bool(atoms.pbc.all())
         data, dump = os.path.join(WORK, tag + ".data"), os.path.join(WORK, tag + ".dump")
         write_data(data, atoms)
@@ -142,26 +153,27 @@ class SinglePoints(unittest.TestCase):
         _, thermo = thermo_table(p.stdout)
         d = np.loadtxt(dump, skiprows=9, ndmin=2)
 
-        calc = crucible.Calculator(rundir)
+        calc = crucible.Calculator(rundir, dtype=dtype)
         atoms = atoms.copy()
         atoms.calc = calc
         e, f, ea = atoms.get_potential_energy(), atoms.get_forces(), atoms.get_potential_energies()
-        self.assertLess(abs(thermo[0, 1] - e), 1e-8, "energy")
-        self.assertLess(np.abs(d[:, 1:4] - f).max(), 1e-8, "forces")
-        self.assertLess(np.abs(d[:, 4] - ea).max(), 1e-8, "per-atom energies")
+        self.assertLess(abs(thermo[0, 1] - e), tol, "energy")
+        self.assertLess(np.abs(d[:, 1:4] - f).max(), tol, "forces")
+        self.assertLess(np.abs(d[:, 4] - ea).max(), tol, "per-atom energies")
         # Per-atom virials (LAMMPS order xx yy zz xy xz yz) sum to the virial.
         virial = d[:, 5:11].sum(0) / EV_PER_A3_IN_BAR  # eV: -(W) in LAMMPS's sign, = stress x volume
         if periodic:
             s = atoms.get_stress(voigt=False)  # eV/Å^3, ASE sign
             expected = np.array([s[0, 0], s[1, 1], s[2, 2], s[0, 1], s[0, 2], s[1, 2]])
             scale = max(1e-3, np.abs(expected).max())
-            self.assertLess(np.abs(virial / atoms.get_volume() - expected).max(), 1e-8 * scale, "stress/atom sum")
+            self.assertLess(np.abs(virial / atoms.get_volume() - expected).max(), tol * scale, "stress/atom sum")
             # compute pressure (bar) is minus the stress.
-            self.assertLess(np.abs(-thermo[0, 2:8] / EV_PER_A3_IN_BAR - expected).max(), 1e-8 * scale, "pressure")
+            self.assertLess(np.abs(-thermo[0, 2:8] / EV_PER_A3_IN_BAR - expected).max(), tol * scale, "pressure")
         else:  # a cluster: stress × volume is -Σ r ⊗ F
             w = -(atoms.positions[:, :, None] * f[:, None, :]).sum(0)
             expected = np.array([w[0, 0], w[1, 1], w[2, 2], w[0, 1], w[0, 2], w[1, 2]])
-            self.assertLess(np.abs(virial - expected).max(), 1e-8 * max(1.0, np.abs(expected).max()), "virial")
+            self.assertLess(np.abs(virial - expected).max(), tol * max(1.0, np.abs(expected).max()), "virial")
+        return thermo[0, 1], d[:, 1:4]
 
     def test_bundled_structures_equal_the_calculator(self):
         frames = read(TIAL, index=":")
@@ -174,6 +186,22 @@ class SinglePoints(unittest.TestCase):
             cluster.pbc = False
             with self.subTest(model=name, frame="cluster"):
                 self.single_point(name, rundir, cluster, f"{name}_cluster")
+
+    def test_float32_export_equals_the_float32_calculator(self):
+        atoms = lammps_frame(read(TIAL, index=0).repeat((2, 2, 2)))
+        atoms.rattle(0.05, seed=5)
+        atoms = lammps_frame(atoms)
+        for name, rundir in (("TiAl_SchNet", SCHNET), ("TiAl_MACE", MACE)):
+            with self.subTest(model=name):
+                with open(os.path.join(WORK, name + "_f32", "model", "settings.json")) as f:
+                    self.assertEqual(json.load(f), {"dtype": "float32"})
+                # float32 rounding: ~1e-7 relative per atom and layer.
+                e32, f32 = self.single_point(name + "_f32", rundir, atoms, f"{name}_f32", dtype="float32", tol=1e-4)
+                e64, f64 = self.single_point(name, rundir, atoms, f"{name}_f64")
+                # Evaluated in float32 indeed: not float64's numbers, but close.
+                self.assertGreater(abs(e32 - e64) + np.abs(f32 - f64).max(), 1e-12)
+                self.assertLess(abs(e32 - e64), 1e-4 * len(atoms))
+                self.assertLess(np.abs(f32 - f64).max(), 1e-4)
 
 
 class Dynamics(unittest.TestCase):
@@ -251,6 +279,12 @@ class Refusals(unittest.TestCase):
         self.assertIn("model.json", p.stderr)
         self.assertIn("99", p.stderr)
         self.assertFalse(os.path.exists(os.path.join(WORK, "y")))
+        p = run([BINARY, "export", "kim", SCHNET, "--name", "M", "--out", os.path.join(WORK, "z"), "--dtype", "float16"],
+                check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--dtype", p.stderr)
+        self.assertIn("float16", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(WORK, "z")))
 
 
 if __name__ == "__main__":

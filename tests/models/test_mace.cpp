@@ -10,6 +10,7 @@
 
 #include "models/helpers.h"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -233,6 +234,58 @@ TEST(MaceFastPath, EqualsTheAutogradReferenceToE10) {
       EXPECT_LT(rel_err(f.grads[k], r.grads[k]), 1e-10) << k;
     }
   }
+}
+
+// Issue 19: on structures of more than 4 × inference_edge_chunk() nodes the
+// training path evaluates the product basis by checkpointed node chunks
+// (checkpointed_rows_twice); forces, stress and a force loss's parameter
+// gradients stay the reference's.
+TEST(MaceFastPath, CheckpointedProductBasisEqualsTheAutogradReference) {
+  MaceOptions o = small_options();
+  o.hidden_irreps = "3x0e+3x1o+3x2e";
+  Mace fast = make_model(o);
+  Mace ref = make_model(o);
+  ref->set_reference_autograd(true);
+  const Batch b = make_batch(test_structures(), o.cutoff);
+  ASSERT_GT(b.positions.size(0), 8);
+  const Outputs r = run(ref, b);
+  // Chunks of 1 node (edge chunk 2: threshold 8 nodes) and of 2 nodes
+  // (edge chunk 32: threshold 128, so the direct path), on 1 and 2 threads.
+  for (int64_t chunk : {2, 32}) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE("edge chunk " + std::to_string(chunk) + ", threads " + std::to_string(threads));
+      set_inference_edge_chunk(chunk);
+      const int before = at::get_num_threads();
+      at::set_num_threads(threads);
+      const Outputs f = run(fast, b);
+      at::set_num_threads(before);
+      set_inference_edge_chunk(0);
+      EXPECT_LT(rel_err(f.energy, r.energy), 1e-10);
+      EXPECT_LT(rel_err(f.forces, r.forces), 1e-10);
+      EXPECT_LT(rel_err(f.stress, r.stress), 1e-10);
+      for (size_t k = 0; k < f.grads.size(); ++k) EXPECT_LT(rel_err(f.grads[k], r.grads[k]), 1e-10) << k;
+    }
+  }
+  // Which path ran shows in a third derivative (a differentiable parameter
+  // gradient of a force loss), which only the checkpointed product basis
+  // refuses.
+  auto third_order = [&](int64_t chunk) {
+    set_inference_edge_chunk(chunk);
+    ComputeOptions co;
+    co.training = true;
+    ModelOutputs out = compute_outputs(*fast, b, co);
+    const at::Tensor p = fast->parameters()[0];
+    bool refused = false;
+    try {  // a differentiable gradient of a force loss
+      torch::autograd::grad({out.forces.pow(2).sum()}, {p}, {}, false, /*create_graph=*/true, true);
+    } catch (const std::runtime_error& e) {
+      refused = std::string(e.what()).find("no third derivative") != std::string::npos;
+    }
+    set_inference_edge_chunk(0);
+    return refused;
+  };
+  EXPECT_TRUE(third_order(2));
+  EXPECT_FALSE(third_order(1024));
 }
 
 TEST(MaceSymmetry, RotationsReflectionsTranslationsPermutations) {

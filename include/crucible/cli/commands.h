@@ -99,15 +99,21 @@ struct ExportKimRequest {
   std::string run_dir;  ///< run directory, or a model.pt with model.json beside it.
   std::string name;     ///< KIM portable model name (a C identifier); the driver is NAME_driver.
   std::string out_dir;  ///< new or empty directory to write.
+  /// "float64" (default) or "float32": the dtype the KIM model evaluates in
+  /// (as MACE's LAMMPS export, `--default_dtype`). float32 takes about half
+  /// the time per step; energies and forces then carry float32 rounding
+  /// (~1e-7 relative), which shows as drift in long NVE runs.
+  std::string dtype = "float64";
 };
 /// `crucible export kim`: writes `out_dir`, a KIM item directory that
 /// `kim-api-collections-management install user OUT_DIR` builds and
 /// installs: the model driver NAME_driver (libcrucible_kim.so, Crucible's
 /// KIM driver, copied in) and the parameterized portable model NAME (in
-/// model/, with model.json and model.pt as its parameter files). Written
+/// model/, with model.json, model.pt and settings.json — the dtype — as its
+/// parameter files). Written
 /// to a temporary sibling and renamed, so a failure leaves nothing.
 /// Layout and physics: docs/deployment_kim.md.
-/// @throws ConfigError for a bad name or a build without the KIM driver,
+/// @throws ConfigError for a bad name or dtype or a build without the KIM driver,
 ///         DataError for a bad model or an `out_dir` that exists and is not
 ///         empty.
 void run_export_kim(const ExportKimRequest& request, std::ostream& out);

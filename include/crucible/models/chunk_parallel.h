@@ -60,4 +60,24 @@ std::vector<at::Tensor> sum_over_chunks(int64_t num_chunks, const std::vector<at
 at::Tensor checkpointed_rows(const at::Tensor& x, int64_t chunk,
                              std::function<at::Tensor(const at::Tensor& x_rows, int64_t begin, int64_t end)> f);
 
+/// out = cat over row chunks of f(rows of xs, begin, end), [N, ...], where
+/// every xs[i] is [N, ...] and f is per row (row n of out depends on row n
+/// of each xs[i] only; e.g. MACE's product basis with its per-node element
+/// weights). Unlike checkpointed_rows the backward is differentiable once:
+/// gradients to every xs[i] and their derivatives (forces, then the
+/// parameter gradients of a force loss, the training path) are recomputed
+/// chunk by chunk, so f's intermediates never exist for more than one chunk
+/// in the forward, the backward or the double backward (gradient
+/// checkpointing, Chen et al. 2016, arXiv 1604.06174). Costs about twice
+/// f's share of a training step. xs may be undefined (passed to f as
+/// undefined) or need no gradient. f must return [end - begin, ...] with
+/// one trailing shape and may not keep references to its rows.
+/// @throws std::invalid_argument if chunk < 1, no xs is defined, one is
+///         not floating-point or they have different row counts;
+///         std::runtime_error from a third-order backward.
+at::Tensor checkpointed_rows_twice(const std::vector<at::Tensor>& xs, int64_t chunk,
+                                   std::function<at::Tensor(const std::vector<at::Tensor>& rows, int64_t begin,
+                                                            int64_t end)>
+                                       f);
+
 }  // namespace crucible

@@ -1,13 +1,15 @@
 // The KIM model driver of Crucible models (issue 17, deliverable 2):
 // libcrucible_kim.so, whose create routine crucible_kim_model_driver_create
 // the exported KIM items (`crucible export kim`) name. A parameterized
-// portable model supplies model.json and model.pt as its parameter files;
-// this driver loads them (in float64) and computes energy, forces,
+// portable model supplies model.json, model.pt and settings.json (the
+// evaluation dtype; float64 where an older export lacks it) as its
+// parameter files; this driver loads them and computes energy, forces,
 // per-atom energies and the global and per-atom virial for LAMMPS or any
 // KIM simulator, with the model's interaction range as influence distance.
 // Design: docs/deployment_kim.md; the physics is evaluate_cluster
 // (crucible/deploy/cluster.h).
 
+#include "crucible/cli/kim_settings.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/deploy/cluster.h"
@@ -27,7 +29,7 @@ namespace {
 
 /// What one KIM model instance holds.
 struct DriverBuffer {
-  LoadedModel loaded;            ///< the model, float64, eval mode.
+  LoadedModel loaded;            ///< the model, in settings.json's dtype, eval mode.
   double influence_distance = 0;  ///< Å: the model's interaction range.
   double neighbor_cutoff = 0;     ///< Å: the model's cutoff (the list KIM is asked for).
   int will_not_request_padding_neighbors = 1;  ///< Crucible builds its own edges.
@@ -119,25 +121,32 @@ int destroy(KIM::ModelDestroy* const model_destroy) {
   return 0;
 }
 
-/// Loads the model from the parameter files (model.json and model.pt, in
-/// that order or the other). @throws DataError / std::runtime_error.
+/// Loads the model from the parameter files (model.json, model.pt and, if
+/// present, settings.json, in any order) and casts it to the settings'
+/// dtype. @throws DataError / std::runtime_error.
 LoadedModel load_from_parameter_files(KIM::ModelDriverCreate* const create) {
   int count = 0;
   create->GetNumberOfParameterFiles(&count);
   std::string const* directory = nullptr;
   create->GetParameterFileDirectoryName(&directory);
-  bool json = false, pt = false;
+  bool json = false, pt = false, settings_file = false;
   for (int k = 0; k < count; ++k) {
     std::string const* basename = nullptr;
     create->GetParameterFileBasename(k, &basename);
     json = json || *basename == "model.json";
     pt = pt || *basename == "model.pt";
+    settings_file = settings_file || *basename == kKimSettingsFile;
   }
   if (!json || !pt || directory == nullptr) {
     throw std::runtime_error("the KIM model's parameter files must be model.json and model.pt (from `crucible export kim`), got " +
                              std::to_string(count) + " other files");
   }
-  return load_model(*directory);
+  const KimSettings settings =
+      settings_file ? read_kim_settings(*directory + "/" + kKimSettingsFile) : KimSettings{};
+  LoadedModel loaded = load_model(*directory);
+  loaded.model->module().to(settings.dtype);
+  loaded.model->module().eval();
+  return loaded;
 }
 
 }  // namespace
@@ -155,8 +164,6 @@ extern "C" int crucible_kim_model_driver_create(KIM::ModelDriverCreate* const cr
   auto buffer = std::make_unique<DriverBuffer>();
   try {
     buffer->loaded = load_from_parameter_files(create);
-    buffer->loaded.model->module().to(at::kDouble);
-    buffer->loaded.model->module().eval();
   } catch (const std::exception& e) {
     report(create, std::string("crucible KIM model: ") + e.what(), __LINE__);
     return 1;
