@@ -157,7 +157,10 @@ class SinglePoints(unittest.TestCase):
         atoms = atoms.copy()
         atoms.calc = calc
         e, f, ea = atoms.get_potential_energy(), atoms.get_forces(), atoms.get_potential_energies()
-        self.assertLess(abs(thermo[0, 1] - e), tol, "energy")
+        # The calculator sums float32 per-atom energies in float32, the KIM
+        # driver in float64: allow float32 rounding of that sum.
+        e_tol = tol + (2e-7 * np.abs(ea).sum() if dtype == "float32" else 0.0)
+        self.assertLess(abs(thermo[0, 1] - e), e_tol, f"energy ({e:.6f} eV, {len(atoms)} atoms)")
         self.assertLess(np.abs(d[:, 1:4] - f).max(), tol, "forces")
         self.assertLess(np.abs(d[:, 4] - ea).max(), tol, "per-atom energies")
         # Per-atom virials (LAMMPS order xx yy zz xy xz yz) sum to the virial.

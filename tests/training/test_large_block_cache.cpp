@@ -64,9 +64,15 @@ TEST(LargeBlockCache, ReusesAFreedLargeBlockAndServesEveryOtherRequest) {
     static_cast<char*>(p)[n - 1] = 7;
     alloc->raw_deallocate(p);
   }
-  // A bf16 matrix product (oneDNN on CPUs with bf16) on large operands.
+  // A bf16 matrix product (oneDNN on CPUs with bf16) on large operands. Each
+  // entry sums 8 ones: exact also where bf16 is emulated and accumulates in
+  // bf16 (Zen 3: a sum of 2048 ones stops at 256 there).
   const at::Tensor x = at::ones({2048, 2048}, at::kBFloat16);
-  EXPECT_EQ(at::mm(x, x)[0][0].item<float>(), 2048.0f);
+  const at::Tensor y = at::zeros({2048, 2048}, at::kBFloat16);
+  y.narrow(0, 0, 8).fill_(1.0);
+  const at::Tensor z = at::mm(x, y);
+  EXPECT_EQ(z[0][0].item<float>(), 8.0f);
+  EXPECT_EQ(z[2047][2047].item<float>(), 8.0f);
 }
 
 }  // namespace
