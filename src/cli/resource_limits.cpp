@@ -23,19 +23,6 @@ std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0
 
 }  // namespace
 
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page = ::sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : INT64_MAX;
-}
-
 void check_thread_count(int64_t num_threads) {
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   if (num_threads > 4 * cores) {

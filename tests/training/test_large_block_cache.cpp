@@ -7,6 +7,9 @@
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -73,6 +76,19 @@ TEST(LargeBlockCache, ReusesAFreedLargeBlockAndServesEveryOtherRequest) {
   const at::Tensor z = at::mm(x, y);
   EXPECT_EQ(z[0][0].item<float>(), 8.0f);
   EXPECT_EQ(z[2047][2047].item<float>(), 8.0f);
+}
+
+TEST(LargeBlockCache, GivesTheCacheBackWhenTheKernelCouldNotServeARequest) {
+  constexpr size_t GiB = size_t{1} << 30;
+  // 24 GiB machine: keep 1.5 GiB to spare.
+  EXPECT_FALSE(cache_must_yield(GiB, 3 * GiB, 24 * GiB));
+  EXPECT_TRUE(cache_must_yield(GiB, 2 * GiB, 24 * GiB));
+  EXPECT_TRUE(cache_must_yield(4 * GiB, 3 * GiB, 24 * GiB));
+  // MemAvailable is read: positive and at most the machine's memory.
+  const int64_t available = available_memory_bytes();
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  EXPECT_GT(available, 0);
+  EXPECT_LE(available, static_cast<int64_t>(pages) * page);
 }
 
 }  // namespace

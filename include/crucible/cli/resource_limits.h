@@ -9,11 +9,9 @@
 #include <string>
 #include <vector>
 
-namespace crucible {
+#include "crucible/training/allocator.h"  // available_memory_bytes
 
-/// Bytes of memory available now (/proc/meminfo MemAvailable; physical
-/// memory when that is unreadable). Never throws.
-int64_t available_memory_bytes();
+namespace crucible {
 
 /// `training.num_threads` may be at most 4 × the cores of this machine
 /// (std::thread::hardware_concurrency).

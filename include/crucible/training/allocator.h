@@ -1,6 +1,9 @@
 #pragma once
 // Process allocator settings for training (issue 7).
 
+#include <cstddef>
+#include <cstdint>
+
 namespace crucible {
 
 /// Keeps freed memory in the process instead of returning it to the kernel
@@ -27,10 +30,22 @@ void tune_allocator_for_training();
 /// by the kernel on every step: 39% of a 16384-atom SchNet training step
 /// here. Cached memory stays resident, as with PyTorch's CUDA caching
 /// allocator; on allocation failure the cache is returned and the request
-/// retried once. Called by tune_allocator_for_training; a no-op when the
+/// retried once, and since Linux overcommits (malloc succeeds, then the
+/// machine swaps), a request the kernel could not serve with 1/16 of the
+/// physical memory to spare (cache_must_yield, MemAvailable) returns the
+/// cache first. Called by tune_allocator_for_training; a no-op when the
 /// environment sets CRUCIBLE_DEFAULT_MALLOC=1. Idempotent and thread-safe; tensors
 /// allocated before keep their own deleters. @throws std::bad_alloc from
 /// allocations when memory is exhausted.
 void install_large_block_cache();
+
+/// The large block cache's rule for a request it cannot serve from cached
+/// blocks: true (give the cache back before allocating) when `available`
+/// bytes are fewer than `request` + `physical` / 16. Never throws.
+bool cache_must_yield(size_t request, size_t available, size_t physical);
+
+/// Bytes of memory available now (/proc/meminfo MemAvailable; physical
+/// memory when that is unreadable). Never throws.
+int64_t available_memory_bytes();
 
 }  // namespace crucible
