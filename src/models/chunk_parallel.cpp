@@ -18,78 +18,10 @@ namespace crucible {
 namespace {
 
 using RowFn = std::function<at::Tensor(const at::Tensor&, int64_t, int64_t)>;
-
-struct RowFnHolder : torch::CustomClassHolder {
-  explicit RowFnHolder(RowFn fn) : f(std::move(fn)) {}
-  RowFn f;
-};
-
-struct CheckpointedRows : public torch::autograd::Function<CheckpointedRows> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t chunk,
-                            c10::intrusive_ptr<RowFnHolder> holder) {
-    ctx->save_for_backward({x});
-    ctx->saved_data["chunk"] = chunk;
-    ctx->saved_data["f"] = c10::IValue::make_capsule(holder);
-    const int64_t N = x.size(0);
-    const int64_t num_chunks = (N + chunk - 1) / chunk;
-    if (num_chunks == 0) return holder->f(x, 0, 0);
-    std::vector<at::Tensor> parts(static_cast<size_t>(num_chunks));
-    // Chunks are independent: threads take contiguous ranges of them.
-    at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
-      at::NoGradGuard no_grad;  // thread-local: set on every worker
-      for (int64_t c = cb; c < ce; ++c) {
-        const int64_t b = c * chunk, e = std::min(N, b + chunk);
-        parts[static_cast<size_t>(c)] = holder->f(x.slice(0, b, e), b, e);
-      }
-    });
-    return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    if (at::GradMode::is_enabled()) {
-      throw std::runtime_error("inference path: no differentiable backward (create_graph); use ComputeOptions::training");
-    }
-    const at::Tensor x = ctx->get_saved_variables()[0];
-    const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    auto holder = c10::static_intrusive_pointer_cast<RowFnHolder>(ctx->saved_data["f"].toCapsule());
-    const at::Tensor g = grads[0];
-    at::Tensor gx = at::zeros_like(x);
-    const int64_t N = x.size(0);
-    const int64_t num_chunks = (N + chunk - 1) / chunk;
-    // Each thread differentiates its own chunks (the autograd engine runs a
-    // CPU graph on the calling thread; rows of gx are disjoint).
-    at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
-      for (int64_t c = cb; c < ce; ++c) {
-        const int64_t b = c * chunk, e = std::min(N, b + chunk);
-        at::Tensor grad_rows;
-        {
-          at::AutoGradMode enable(true);
-          const at::Tensor xr = x.slice(0, b, e).detach().requires_grad_(true);
-          const at::Tensor y = holder->f(xr, b, e);
-          if (!y.requires_grad()) continue;
-          grad_rows = torch::autograd::grad({y}, {xr}, {g.slice(0, b, e)}, /*retain_graph=*/false,
-                                            /*create_graph=*/false, /*allow_unused=*/true)[0];
-        }
-        if (grad_rows.defined()) gx.slice(0, b, e).copy_(grad_rows);
-      }
-    });
-    return {gx, at::Tensor(), at::Tensor()};
-  }
-};
-
-// ---- checkpointed_rows_twice ------------------------------------------
-
 using MultiRowFn = std::function<at::Tensor(const std::vector<at::Tensor>&, int64_t, int64_t)>;
 
-struct MultiRowFnHolder : torch::CustomClassHolder {
-  MultiRowFnHolder(MultiRowFn fn, int64_t rows_per_chunk) : f(std::move(fn)), chunk(rows_per_chunk) {}
-  MultiRowFn f;
-  int64_t chunk;
-};
-
 /// Runs body(begin, end) for each row chunk, chunks split among threads
-/// (they write disjoint rows).
+/// (contiguous ranges of them; they write disjoint rows).
 template <class Body>
 void for_row_chunks(int64_t N, int64_t chunk, const Body& body) {
   const int64_t num_chunks = (N + chunk - 1) / chunk;
@@ -112,6 +44,75 @@ void copy_rows(const at::Tensor& src, at::Tensor& dst, int64_t b, int64_t e) {
   if (src.defined()) dst.slice(0, b, e).copy_(src);
 }
 
+/// cat over chunks of f(rows of xs), without a graph.
+at::Tensor chunked_values(at::TensorList xs, int64_t chunk, const MultiRowFn& f) {
+  const int64_t N = xs[0].size(0);
+  if (N == 0) return f(row_leaves(xs, 0, 0, false), 0, 0);
+  std::vector<at::Tensor> parts(static_cast<size_t>((N + chunk - 1) / chunk));
+  for_row_chunks(N, chunk, [&](int64_t b, int64_t e) {
+    at::NoGradGuard no_grad;  // thread-local: set on every worker
+    parts[static_cast<size_t>(b / chunk)] = f(row_leaves(xs, b, e, false), b, e);
+  });
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+}
+
+/// gx_i = J_i^T gy for every x_i, chunk by chunk: each chunk is recomputed
+/// with autograd, differentiated (first order, no graph kept) and dropped.
+/// Each thread differentiates its own chunks (the autograd engine runs a CPU
+/// graph on the calling thread).
+std::vector<at::Tensor> chunked_vjp(at::TensorList xs, const at::Tensor& gy, int64_t chunk, const MultiRowFn& f) {
+  std::vector<at::Tensor> gx;
+  for (const auto& x : xs) gx.push_back(at::zeros_like(x));
+  for_row_chunks(xs[0].size(0), chunk, [&](int64_t b, int64_t e) {
+    at::AutoGradMode enable(true);
+    const std::vector<at::Tensor> rows = row_leaves(xs, b, e, true);
+    const at::Tensor y = f(rows, b, e);
+    if (!y.requires_grad()) return;
+    const auto g = torch::autograd::grad({y}, rows, {gy.slice(0, b, e)}, /*retain_graph=*/false,
+                                         /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t i = 0; i < g.size(); ++i) copy_rows(g[i], gx[i], b, e);
+  });
+  return gx;
+}
+
+struct RowFnHolder : torch::CustomClassHolder {
+  explicit RowFnHolder(RowFn fn) : f(std::move(fn)) {}
+  RowFn f;
+  /// f on the single input of a one-element row list.
+  MultiRowFn on_lists() const {
+    return [this](const std::vector<at::Tensor>& rows, int64_t b, int64_t e) { return f(rows[0], b, e); };
+  }
+};
+
+struct CheckpointedRows : public torch::autograd::Function<CheckpointedRows> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t chunk,
+                            c10::intrusive_ptr<RowFnHolder> holder) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["f"] = c10::IValue::make_capsule(holder);
+    return chunked_values({x}, chunk, holder->on_lists());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (at::GradMode::is_enabled()) {
+      throw std::runtime_error("inference path: no differentiable backward (create_graph); use ComputeOptions::training");
+    }
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    auto holder = c10::static_intrusive_pointer_cast<RowFnHolder>(ctx->saved_data["f"].toCapsule());
+    return {chunked_vjp({x}, grads[0], chunk, holder->on_lists())[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+// ---- checkpointed_rows_twice ------------------------------------------
+
+struct MultiRowFnHolder : torch::CustomClassHolder {
+  MultiRowFnHolder(MultiRowFn fn, int64_t rows_per_chunk) : f(std::move(fn)), chunk(rows_per_chunk) {}
+  MultiRowFn f;
+  int64_t chunk;
+};
+
 /// The vector-Jacobian product of the row function, gx_i = J_i^T gy, by
 /// chunks; its backward (the double backward of f) also by chunks.
 struct RowsTwiceVjp : public torch::autograd::Function<RowsTwiceVjp> {
@@ -121,18 +122,7 @@ struct RowsTwiceVjp : public torch::autograd::Function<RowsTwiceVjp> {
     saved.push_back(gy);
     ctx->save_for_backward(saved);
     ctx->saved_data["f"] = c10::IValue::make_capsule(h);
-    std::vector<at::Tensor> gx;
-    for (const auto& x : xs) gx.push_back(at::zeros_like(x));
-    for_row_chunks(xs[0].size(0), h->chunk, [&](int64_t b, int64_t e) {
-      at::AutoGradMode enable(true);
-      const std::vector<at::Tensor> rows = row_leaves(xs, b, e, true);
-      const at::Tensor y = h->f(rows, b, e);
-      if (!y.requires_grad()) return;
-      const auto g = torch::autograd::grad({y}, rows, {gy.slice(0, b, e)}, /*retain_graph=*/false,
-                                           /*create_graph=*/false, /*allow_unused=*/true);
-      for (size_t i = 0; i < g.size(); ++i) copy_rows(g[i], gx[i], b, e);
-    });
-    return gx;
+    return chunked_vjp(xs, gy, h->chunk, h->f);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -179,14 +169,7 @@ struct RowsTwice : public torch::autograd::Function<RowsTwice> {
                             c10::intrusive_ptr<MultiRowFnHolder> h) {
     ctx->save_for_backward(std::vector<at::Tensor>(xs.begin(), xs.end()));
     ctx->saved_data["f"] = c10::IValue::make_capsule(h);
-    const int64_t N = xs[0].size(0);
-    if (N == 0) return h->f(row_leaves(xs, 0, 0, false), 0, 0);
-    std::vector<at::Tensor> parts(static_cast<size_t>((N + h->chunk - 1) / h->chunk));
-    for_row_chunks(N, h->chunk, [&](int64_t b, int64_t e) {
-      at::NoGradGuard no_grad;  // thread-local: set on every worker
-      parts[static_cast<size_t>(b / h->chunk)] = h->f(row_leaves(xs, b, e, false), b, e);
-    });
-    return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+    return chunked_values(xs, h->chunk, h->f);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <fstream>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <unordered_map>
 #include <mutex>
@@ -25,12 +25,18 @@ constexpr size_t kMinCached = size_t{16} << 20;  // below: glibc's heap reuses b
 constexpr size_t kGranule = size_t{2} << 20;      // size classes: multiples of 2 MiB (<= 12.5% waste)
 constexpr size_t kAlignment = 64;
 
+/// Physical memory in bytes; 0 where sysconf cannot tell.
+size_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
 class LargeBlockCache final : public c10::Allocator {
  public:
   explicit LargeBlockCache(c10::Allocator* fallback)
       : fallback_(fallback), fallback_raw_deleter_(fallback->raw_deleter()) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    physical_ = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : size_t{1} << 34;
+    const size_t physical = physical_memory_bytes();
+    physical_ = physical > 0 ? physical : size_t{1} << 34;
     limit_ = physical_ / 4;
   }
 
@@ -149,8 +155,8 @@ int64_t available_memory_bytes() {
   while (in >> key >> kib >> unit) {
     if (key == "MemAvailable:") return kib * 1024;
   }
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : INT64_MAX;
+  const size_t physical = physical_memory_bytes();
+  return physical > 0 ? static_cast<int64_t>(physical) : INT64_MAX;
 }
 
 void install_large_block_cache() {

@@ -282,6 +282,75 @@ at::Tensor MaceImpl::radial_weights(int64_t t, const at::Tensor& edge_feats) con
   return h;
 }
 
+std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, const at::Tensor& elem,
+                                                bool chunked) const {
+  const Layer& L = layers_[static_cast<size_t>(t)];
+  const size_t ts = static_cast<size_t>(t);
+  std::vector<std::vector<at::Tensor>> wz(L.out.size());
+  for (size_t b = 0; b < L.out.size() && !chunked; ++b)
+    for (const auto& W : product_weights_[ts][b]) wz[b].push_back(W.defined() ? W.index_select(0, elem) : at::Tensor());
+  std::vector<at::Tensor> prod;
+  if (options_.reference_autograd) {
+    const size_t corr = static_cast<size_t>(options_.correlation);
+    for (size_t b = 0; b < L.out.size(); ++b) {
+      std::vector<const mace::SymmetricBasis*> bases(L.bases.begin() + static_cast<long>(b * corr),
+                                                     L.bases.begin() + static_cast<long>((b + 1) * corr));
+      prod.push_back(mace::symmetric_contraction_reference(A, bases, wz[b]));
+    }
+  } else {
+    std::vector<at::Tensor> stacked, indices;  // in A's dtype and device
+    for (const auto& c : L.stacked_coefficients) stacked.push_back(c.defined() ? c.to(A.options()) : c);
+    for (const auto& i : L.monomial_indices) indices.push_back(i.to(A.device()));
+    // The checkpointed paths give every output irrep side by side, [N, Σ O, C].
+    auto joined = [](const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 1); };
+    const int64_t rows_chunk = std::max<int64_t>(1, inference_edge_chunk() / 16);
+    const Layer* Lp = &L;
+    at::Tensor all;
+    if (chunked) {
+      // Inference path: the monomials ([N, M_ν, C], ~100 KB per atom at
+      // ν = 3) exist for one chunk of nodes at a time (issue 19).
+      auto weights = product_weights_[ts];
+      auto product = [Lp, stacked, indices, weights, elem, joined](const at::Tensor& A_rows, int64_t b, int64_t e) {
+        const at::Tensor el = elem.slice(0, b, e);
+        std::vector<std::vector<at::Tensor>> w(weights.size());
+        for (size_t o = 0; o < weights.size(); ++o)
+          for (const auto& W : weights[o]) w[o].push_back(W.defined() ? W.index_select(0, el) : at::Tensor());
+        return joined(mace::symmetric_contraction_fast(A_rows, *Lp->table, stacked, indices, w));
+      };
+      all = checkpointed_rows(A, rows_chunk, product);
+    } else if (A.size(0) > 4 * inference_edge_chunk()) {
+      // Training path at MD scale (more than 4096 nodes by default): the
+      // monomials and their first and second derivatives (~0.6 MB per atom
+      // at ν = 3, l ≤ 3, 32 channels) exist for one chunk of 64 nodes at a
+      // time, recomputed in the backward passes (issue 19). Measured on
+      // 2048 Cu atoms: 1510 → 913 KB per atom, 1.18-1.25× the time, so
+      // smaller structures keep the direct product basis.
+      std::vector<at::Tensor> xs{A};
+      std::vector<size_t> counts;
+      for (const auto& per_out : wz) {
+        xs.insert(xs.end(), per_out.begin(), per_out.end());
+        counts.push_back(per_out.size());
+      }
+      auto product = [Lp, stacked, indices, counts, joined](const std::vector<at::Tensor>& rows, int64_t, int64_t) {
+        std::vector<std::vector<at::Tensor>> w(counts.size());
+        size_t k = 1;
+        for (size_t o = 0; o < counts.size(); ++o)
+          for (size_t j = 0; j < counts[o]; ++j) w[o].push_back(rows[k++]);
+        return joined(mace::symmetric_contraction_fast(rows[0], *Lp->table, stacked, indices, w));
+      };
+      all = checkpointed_rows_twice(xs, rows_chunk, product);
+    } else {
+      prod = mace::symmetric_contraction_fast(A, *L.table, stacked, indices, wz);
+    }
+    if (all.defined()) {
+      std::vector<int64_t> dims;
+      for (const auto& term : L.out.terms()) dims.push_back(term.irrep.dim());
+      prod = at::split_with_sizes(all, dims, 1);
+    }
+  }
+  return prod;
+}
+
 at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::Tensor& elem_all, const at::Tensor& sender,
                                    const at::Tensor& receiver, const at::Tensor& Y, const at::Tensor& radial,
                                    const std::vector<at::Tensor>* tables, const PairEdges* chunked, int64_t n_out) {
@@ -344,67 +413,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
   }
   const at::Tensor A = at::cat(a_parts, 1);  // [N, D_target, C]
 
-  // Product basis: symmetric contraction with the element's weights.
-  std::vector<std::vector<at::Tensor>> wz(L.out.size());
-  for (size_t b = 0; b < L.out.size() && !chunked; ++b)
-    for (const auto& W : product_weights_[ts][b]) wz[b].push_back(W.defined() ? W.index_select(0, elem) : at::Tensor());
-  std::vector<at::Tensor> prod;
-  if (options_.reference_autograd) {
-    const size_t corr = static_cast<size_t>(options_.correlation);
-    for (size_t b = 0; b < L.out.size(); ++b) {
-      std::vector<const mace::SymmetricBasis*> bases(L.bases.begin() + static_cast<long>(b * corr),
-                                                     L.bases.begin() + static_cast<long>((b + 1) * corr));
-      prod.push_back(mace::symmetric_contraction_reference(A, bases, wz[b]));
-    }
-  } else {
-    std::vector<at::Tensor> stacked, indices;  // in A's dtype and device
-    for (const auto& c : L.stacked_coefficients) stacked.push_back(c.defined() ? c.to(A.options()) : c);
-    for (const auto& i : L.monomial_indices) indices.push_back(i.to(A.device()));
-    if (chunked) {
-      // Inference path: the monomials ([N, M_ν, C], ~100 KB per atom at
-      // ν = 3) exist for one chunk of nodes at a time (issue 19).
-      const Layer* Lp = &L;
-      auto weights = product_weights_[ts];
-      auto product = [Lp, stacked, indices, weights, elem](const at::Tensor& A_rows, int64_t b, int64_t e) {
-        const at::Tensor el = elem.slice(0, b, e);
-        std::vector<std::vector<at::Tensor>> w(weights.size());
-        for (size_t o = 0; o < weights.size(); ++o)
-          for (const auto& W : weights[o]) w[o].push_back(W.defined() ? W.index_select(0, el) : at::Tensor());
-        const auto parts = mace::symmetric_contraction_fast(A_rows, *Lp->table, stacked, indices, w);
-        return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
-      };
-      const at::Tensor all = checkpointed_rows(A, std::max<int64_t>(1, inference_edge_chunk() / 16), product);
-      std::vector<int64_t> dims;
-      for (const auto& term : L.out.terms()) dims.push_back(term.irrep.dim());
-      prod = at::split_with_sizes(all, dims, 1);
-    } else if (A.size(0) > 4 * inference_edge_chunk()) {
-      // Training path at MD scale (more than 4096 nodes by default): the
-      // monomials and their first and second derivatives (~0.6 MB per atom
-      // at ν = 3, l ≤ 3, 32 channels) exist for one chunk of 64 nodes at a
-      // time, recomputed in the backward passes (issue 19). Measured on
-      // 2048 Cu atoms: 1510 → 913 KB per atom, 1.18-1.25× the time, so
-      // smaller structures keep the direct product basis.
-      std::vector<at::Tensor> xs{A};
-      for (const auto& per_out : wz) xs.insert(xs.end(), per_out.begin(), per_out.end());
-      const Layer* Lp = &L;
-      std::vector<size_t> counts;
-      for (const auto& per_out : wz) counts.push_back(per_out.size());
-      auto product = [Lp, stacked, indices, counts](const std::vector<at::Tensor>& rows, int64_t, int64_t) {
-        std::vector<std::vector<at::Tensor>> w(counts.size());
-        size_t k = 1;
-        for (size_t o = 0; o < counts.size(); ++o)
-          for (size_t j = 0; j < counts[o]; ++j) w[o].push_back(rows[k++]);
-        const auto parts = mace::symmetric_contraction_fast(rows[0], *Lp->table, stacked, indices, w);
-        return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
-      };
-      const at::Tensor all = checkpointed_rows_twice(xs, std::max<int64_t>(1, inference_edge_chunk() / 16), product);
-      std::vector<int64_t> dims;
-      for (const auto& term : L.out.terms()) dims.push_back(term.irrep.dim());
-      prod = at::split_with_sizes(all, dims, 1);
-    } else {
-      prod = mace::symmetric_contraction_fast(A, *L.table, stacked, indices, wz);
-    }
-  }
+  const std::vector<at::Tensor> prod = product_basis(t, A, elem, chunked);
   std::vector<at::Tensor> out;
   for (size_t b = 0; b < L.out.size(); ++b) {
     at::Tensor y = keep(at::matmul(keep(prod[b]), product_linear_[ts][b] * (1.0 / std::sqrt(static_cast<double>(C)))));
