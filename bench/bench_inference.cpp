@@ -11,7 +11,12 @@
 // create_graph, then an energy + force loss backward to the parameters.
 // --model gemm prints the float32 and bfloat16 rates of a 1024³ matrix product.
 // Run: ./build/bench/bench_inference [--model schnet|mace|gemm] [--threads N]
-//      [--reps 4,8,16,32] [--path inference|training]
+//      [--reps 4,8,16,32] [--path inference|training] [--ops K]
+// --ops K profiles one more (untimed) call and prints its K operators of the
+// largest self time (time inside the op minus its child ops; summed over all
+// threads' records, so wall time only where one thread runs), one
+// "op name=... self_ms=... calls=..." line each: which parts of a call do not
+// gain from threads.
 
 #include "crucible/data/dataset.h"
 #include "crucible/models/energy_model.h"
@@ -30,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +69,39 @@ std::vector<int> parse_list(const std::string& s) {
   return out;
 }
 
+// Self time per operator name, in ms, and the number of calls, from the
+// legacy profiler's push/pop records (nested per thread).
+std::map<std::string, std::pair<double, int>> self_times(
+    const std::vector<std::vector<torch::autograd::profiler::LegacyEvent>>& threads) {
+  using torch::autograd::profiler::EventKind;
+  using torch::autograd::profiler::LegacyEvent;
+  std::map<std::string, std::pair<double, int>> out;
+  for (const auto& events : threads) {
+    double thread_self = 0.0;
+    struct Open {
+      const LegacyEvent* push;
+      double child_us;
+    };
+    std::vector<Open> stack;
+    for (const auto& ev : events) {
+      if (ev.kind() == EventKind::PushRange) {
+        stack.push_back({&ev, 0.0});
+      } else if (ev.kind() == EventKind::PopRange && !stack.empty()) {
+        const Open o = stack.back();
+        stack.pop_back();
+        const double total = o.push->cpuElapsedUs(ev);
+        auto& entry = out[o.push->name()];
+        entry.first += (total - o.child_us) * 1e-3;
+        entry.second += 1;
+        if (!stack.empty()) stack.back().child_us += total;
+        else thread_self += total * 1e-3;
+      }
+    }
+    if (!events.empty()) out["(thread " + std::to_string(events.front().threadId()) + ", top-level ops)"].first += thread_self;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,7 +109,7 @@ int main(int argc, char** argv) {
   select_blas_kernels(argc, argv);  // as crucible's main does
   tune_allocator_for_training();
   std::string model_name = "schnet", path = "inference";
-  int threads = 1;
+  int threads = 1, top_ops = 0;
   std::vector<int> reps = {4, 8, 16, 32};
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string key = argv[k], value = argv[k + 1];
@@ -78,6 +117,7 @@ int main(int argc, char** argv) {
     else if (key == "--threads") threads = std::atoi(value.c_str());
     else if (key == "--reps") reps = parse_list(value);
     else if (key == "--path") path = value;
+    else if (key == "--ops") top_ops = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       return 1;
@@ -165,6 +205,22 @@ int main(int argc, char** argv) {
                 static_cast<long long>(batch.num_edges()), n / best, 1e6 * best / n, peak_kb / n, gflop,
                 gflop / best);
     std::fflush(stdout);
+    if (top_ops > 0) {
+      namespace prof = torch::autograd::profiler;
+      prof::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU));
+      const auto t0 = std::chrono::steady_clock::now();
+      evaluate();
+      const double wall_ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const auto times = self_times(prof::disableProfilerLegacy());
+      std::vector<std::pair<double, std::string>> order;
+      for (const auto& [name, t] : times) order.emplace_back(t.first, name);
+      std::sort(order.rbegin(), order.rend());
+      std::printf("profiled call: %.1f ms wall (with the profiler's overhead)\n", wall_ms);
+      for (size_t k = 0; k < order.size() && k < static_cast<size_t>(top_ops); ++k) {
+        std::printf("op name=%s self_ms=%.1f calls=%d\n", order[k].second.c_str(), order[k].first,
+                    times.at(order[k].second).second);
+      }
+    }
   }
   return 0;
 }

@@ -21,11 +21,12 @@ using RowFn = std::function<at::Tensor(const at::Tensor&, int64_t, int64_t)>;
 using MultiRowFn = std::function<at::Tensor(const std::vector<at::Tensor>&, int64_t, int64_t)>;
 
 /// Runs body(begin, end) for each row chunk, chunks split among threads
-/// (contiguous ranges of them; they write disjoint rows).
+/// (contiguous ranges of them; they write disjoint rows), each with the
+/// caller's grad mode and autocast state.
 template <class Body>
 void for_row_chunks(int64_t N, int64_t chunk, const Body& body) {
   const int64_t num_chunks = (N + chunk - 1) / chunk;
-  at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
+  parallel_for_with_state(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
     for (int64_t c = cb; c < ce; ++c) body(c * chunk, std::min(N, (c + 1) * chunk));
   });
 }

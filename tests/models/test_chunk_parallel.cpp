@@ -4,6 +4,7 @@
 // as the oracle, and never sees more rows than a chunk. Float64.
 
 #include "crucible/models/chunk_parallel.h"
+#include "crucible/precision/precision.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -12,7 +13,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <set>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace crucible {
@@ -83,6 +87,63 @@ TEST(CheckpointedRowsTwice, TwoThreadsGiveTheSameDerivatives) {
   expect_close(two.y, one.y, "y");
   expect_close(two.second_x, one.second_x, "dL2/dx");
   expect_close(two.second_p, one.second_p, "dL2/dp");
+}
+
+/// Sets the intra-op thread count for a scope.
+struct Threads {
+  explicit Threads(int n) : before(at::get_num_threads()) { at::set_num_threads(n); }
+  ~Threads() { at::set_num_threads(before); }
+  int before;
+};
+
+// The chunks run on several threads (a translation unit built without
+// -fopenmp runs at::parallel_for on the caller alone: MACE's edge kernels
+// did), each with the caller's grad mode, and the per-thread sums add up.
+TEST(SumOverChunks, RunsOnTwoThreadsWithTheCallersGradMode) {
+  Threads two(2);
+  std::mutex m;
+  std::set<std::thread::id> ids;
+  std::atomic<int> grad_on{0};
+  const at::Tensor like = at::zeros({3}, at::kDouble);
+  std::vector<at::Tensor> sum;
+  {
+    at::NoGradGuard no_grad;
+    sum = sum_over_chunks(64, {like}, [&](int64_t c, std::vector<at::Tensor>& acc) {
+      acc[0].add_(static_cast<double>(c));
+      if (at::GradMode::is_enabled()) ++grad_on;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // so both threads get chunks
+      std::lock_guard<std::mutex> lock(m);
+      ids.insert(std::this_thread::get_id());
+    });
+  }
+  EXPECT_EQ(ids.size(), 2u);
+  EXPECT_EQ(grad_on.load(), 0) << "a worker ran with grad mode on under the caller's NoGradGuard";
+  EXPECT_DOUBLE_EQ(sum[0][1].item<double>(), 63.0 * 64.0 / 2.0);
+}
+
+// A chunk recomputed on a worker thread runs under the caller's autocast:
+// every chunk of a bf16-autocast matrix product comes back in bfloat16.
+TEST(CheckpointedRowsTwice, ChunksOnWorkersKeepTheCallersAutocast) {
+  Threads two(2);
+  const at::Tensor x = at::randn({64, 8}).requires_grad_(true);
+  const at::Tensor w = at::randn({8, 4});
+  std::mutex m;
+  std::set<std::thread::id> ids;
+  std::set<at::ScalarType> dtypes;
+  at::Tensor y;
+  {
+    AutocastGuard bf16(at::kCPU, at::kBFloat16);
+    y = checkpointed_rows_twice({x}, 4, [&](const std::vector<at::Tensor>& r, int64_t, int64_t) {
+      at::Tensor out = at::mm(r[0], w);
+      std::lock_guard<std::mutex> lock(m);
+      ids.insert(std::this_thread::get_id());
+      dtypes.insert(out.scalar_type());
+      return out;
+    });
+  }
+  EXPECT_EQ(ids.size(), 2u);
+  EXPECT_EQ(dtypes, std::set<at::ScalarType>{at::kBFloat16});
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
 }
 
 TEST(CheckpointedRowsTwice, TheFunctionNeverSeesMoreRowsThanAChunk) {

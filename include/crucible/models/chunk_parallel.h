@@ -3,6 +3,7 @@
 // node-sized accumulators (the inference path's kernels, issue 19).
 
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include <cstdint>
 #include <functional>
@@ -10,12 +11,28 @@
 
 namespace crucible {
 
+/// at::parallel_for(begin, end, grain, f), with the caller's thread-local
+/// state (grad mode, autocast, inference mode: at::ThreadLocalState) set on
+/// every worker thread for f: LibTorch 1.13's OpenMP backend starts workers
+/// with their own defaults (grad on, autocast off), so an op in f would run
+/// otherwise on a worker than on the calling thread. Nested calls (inside a
+/// parallel region) run f on the calling thread. Exceptions from f propagate.
+template <class F>
+void parallel_for_with_state(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  const at::ThreadLocalState state;
+  at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) {
+    at::ThreadLocalStateGuard guard(state);
+    f(b, e);
+  });
+}
+
 /// Runs body(c, acc) for every chunk c in [0, num_chunks), split into
 /// contiguous ranges among at::get_num_threads() threads. Each thread gets
 /// its own accumulators, zeros shaped like `like` (one tensor per entry);
 /// the returned accumulators are their sums. Thread ranges are fixed by
 /// ATen, and sums are taken in thread order, so a result changes with the
-/// thread count only by rounding. Exceptions from body propagate.
+/// thread count only by rounding. body runs with the caller's grad mode and
+/// autocast state (parallel_for_with_state). Exceptions from body propagate.
 template <class Body>
 std::vector<at::Tensor> sum_over_chunks(int64_t num_chunks, const std::vector<at::Tensor>& like, const Body& body) {
   auto zeros = [&] {
@@ -30,7 +47,7 @@ std::vector<at::Tensor> sum_over_chunks(int64_t num_chunks, const std::vector<at
     return acc;
   }
   std::vector<std::vector<at::Tensor>> per_thread(static_cast<size_t>(threads));
-  at::parallel_for(0, num_chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for_with_state(0, num_chunks, 1, [&](int64_t begin, int64_t end) {
     auto& mine = per_thread[static_cast<size_t>(at::get_thread_num())];
     if (mine.empty()) mine = zeros();
     for (int64_t c = begin; c < end; ++c) body(c, mine);
