@@ -77,7 +77,6 @@ std::map<std::string, std::pair<double, int>> self_times(
   using torch::autograd::profiler::LegacyEvent;
   std::map<std::string, std::pair<double, int>> out;
   for (const auto& events : threads) {
-    double thread_self = 0.0;
     struct Open {
       const LegacyEvent* push;
       double child_us;
@@ -94,10 +93,8 @@ std::map<std::string, std::pair<double, int>> self_times(
         entry.first += (total - o.child_us) * 1e-3;
         entry.second += 1;
         if (!stack.empty()) stack.back().child_us += total;
-        else thread_self += total * 1e-3;
       }
     }
-    if (!events.empty()) out["(thread " + std::to_string(events.front().threadId()) + ", top-level ops)"].first += thread_self;
   }
   return out;
 }

@@ -51,7 +51,7 @@ at::Tensor chunked_values(at::TensorList xs, int64_t chunk, const MultiRowFn& f)
   if (N == 0) return f(row_leaves(xs, 0, 0, false), 0, 0);
   std::vector<at::Tensor> parts(static_cast<size_t>((N + chunk - 1) / chunk));
   for_row_chunks(N, chunk, [&](int64_t b, int64_t e) {
-    at::NoGradGuard no_grad;  // thread-local: set on every worker
+    at::NoGradGuard no_grad;  // no graph for the values, whatever the caller's grad mode
     parts[static_cast<size_t>(b / chunk)] = f(row_leaves(xs, b, e, false), b, e);
   });
   return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
