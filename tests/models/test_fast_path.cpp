@@ -93,6 +93,57 @@ TEST(FastPath, ReverseEdgePairsPairEachEdgeWithItsReverse) {
   for (int64_t p = 0; p < 3; ++p) EXPECT_EQ(edge_pair[rep[p].item<int64_t>()].item<int64_t>(), p);
 }
 
+TEST(FastPath, ReverseEdgePairsMatchABruteForcePairingOnShuffledPeriodicEdges) {
+  // A small periodic cell (self-image edges, several images per pair), its
+  // edges shuffled so that they are not grouped by center atom.
+  const Batch b = make_batch({random_periodic(7, {22, 13}, 11)}, 4.0);
+  const int64_t E = b.num_edges();
+  ASSERT_GT(E, 50);
+  at::manual_seed(5);
+  const at::Tensor perm = at::randperm(E, at::kLong);
+  const at::Tensor ei = b.edge_index.index_select(1, perm).contiguous();
+  const at::Tensor sh = b.shifts.index_select(0, perm).to(at::kDouble).contiguous();
+  auto [edge_pair, rep] = reverse_edge_pairs(ei, sh);
+  // Oracle: O(E^2) search for each edge's reverse (j, i, -S).
+  const auto a = ei.accessor<int64_t, 2>();
+  const auto s = sh.accessor<double, 2>();
+  std::vector<int64_t> reverse(static_cast<size_t>(E), -1);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t k = 0; k < E; ++k) {
+      if (k != e && a[0][k] == a[1][e] && a[1][k] == a[0][e] && s[k][0] == -s[e][0] && s[k][1] == -s[e][1] &&
+          s[k][2] == -s[e][2]) {
+        reverse[static_cast<size_t>(e)] = k;
+      }
+    }
+  }
+  int64_t alone = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r = reverse[static_cast<size_t>(e)];
+    if (r < 0) ++alone;
+    const int64_t p = edge_pair[e].item<int64_t>();
+    const int64_t first = rep[p].item<int64_t>();
+    // The representative is the pair's first edge: the edge itself or its reverse.
+    EXPECT_EQ(first, r < 0 ? e : std::min(e, r)) << "edge " << e;
+  }
+  EXPECT_EQ(rep.size(0), (E + alone) / 2);
+  // Representatives in increasing edge order, each its own pair.
+  for (int64_t p = 0; p + 1 < rep.size(0); ++p) EXPECT_LT(rep[p].item<int64_t>(), rep[p + 1].item<int64_t>());
+  for (int64_t p = 0; p < rep.size(0); ++p) EXPECT_EQ(edge_pair[rep[p].item<int64_t>()].item<int64_t>(), p);
+
+  // A duplicated edge cannot pair twice: every edge still maps to a
+  // representative at its own distance (itself or its reverse).
+  const at::Tensor ei2 = at::cat({ei, ei.narrow(1, 0, 1)}, 1);
+  const at::Tensor sh2 = at::cat({sh, sh.narrow(0, 0, 1)}, 0);
+  auto [pair2, rep2] = reverse_edge_pairs(ei2, sh2);
+  for (int64_t e = 0; e <= E; ++e) {
+    const int64_t f = rep2[pair2[e].item<int64_t>()].item<int64_t>();
+    const bool same = at::equal(ei2.select(1, f), ei2.select(1, e)) && at::equal(sh2[f], sh2[e]);
+    const bool reversed = ei2[0][f].item<int64_t>() == ei2[1][e].item<int64_t>() &&
+                          ei2[1][f].item<int64_t>() == ei2[0][e].item<int64_t>() && at::equal(sh2[f], -sh2[e]);
+    EXPECT_TRUE(same || reversed) << "edge " << e;
+  }
+}
+
 TEST(FastPath, SchNetFastPathEqualsReferencePathToFloat64Precision) {
   SchNetOptions o;
   o.hidden_channels = 16;

@@ -29,9 +29,12 @@ at::Tensor edge_product(const at::Tensor& a, const at::Tensor& b, const at::Tens
 /// (i, j, S) and (j, i, -S) have the same distance, so a distance-only
 /// filter needs computing once per pair. edge_index [2,E] int64, shifts
 /// [E,3] (integer-valued, any dtype), any device. Returns (edge_pair [E]:
-/// the pair of each edge, representative [P]: one edge of each pair), int64
-/// on the input's device; an edge without its reverse is a pair alone.
-/// Computed on the CPU with a hash map, O(E). @throws c10::Error on bad shapes.
+/// the pair of each edge, representative [P]: the first edge of each pair,
+/// increasing), int64 on the input's device; an edge without its reverse
+/// (or a duplicated edge) is a pair alone. Computed on the CPU: edges
+/// grouped by source atom, each edge's reverse searched among its
+/// receiver's edges on at::parallel_for's threads, O(E · neighbors).
+/// @throws c10::Error on bad shapes or a negative index.
 std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_index,
                                                      const at::Tensor& shifts);
 

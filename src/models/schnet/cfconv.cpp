@@ -5,7 +5,9 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <unordered_map>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <vector>
 
 namespace crucible {
@@ -150,34 +152,52 @@ std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_inde
   const int64_t* src = ei.data_ptr<int64_t>();
   const int64_t* dst = src + E;
   const int64_t* s = sh.data_ptr<int64_t>();
-  struct Key {
-    int64_t a, b, x, y, z;
-    bool operator==(const Key& o) const {
-      return a == o.a && b == o.b && x == o.x && y == o.y && z == o.z;
+  int64_t n = 0;
+  for (int64_t e = 0; e < 2 * E; ++e) {
+    TORCH_CHECK(src[e] >= 0, "reverse_edge_pairs: edge_index must be >= 0, got ", src[e]);
+    n = std::max(n, src[e] + 1);
+  }
+  // Edges grouped by source atom (a stable counting sort): the reverse of
+  // (i, j, S) is among j's edges.
+  std::vector<int64_t> offsets(static_cast<size_t>(n + 1), 0), order(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) ++offsets[static_cast<size_t>(src[e] + 1)];
+  for (int64_t a = 0; a < n; ++a) offsets[static_cast<size_t>(a + 1)] += offsets[static_cast<size_t>(a)];
+  {
+    std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
+    for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(fill[static_cast<size_t>(src[e])]++)] = e;
+  }
+  // reverse[e]: the first edge (j, i, -S) of edge e = (i, j, S), or e itself.
+  std::vector<int64_t> reverse(static_cast<size_t>(E));
+  at::parallel_for(0, E, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e) {
+      int64_t found = e;
+      const int64_t* se = s + 3 * e;
+      for (int64_t q = offsets[static_cast<size_t>(dst[e])]; q < offsets[static_cast<size_t>(dst[e] + 1)]; ++q) {
+        const int64_t k = order[static_cast<size_t>(q)];
+        const int64_t* sk = s + 3 * k;
+        if (k != e && dst[k] == src[e] && sk[0] == -se[0] && sk[1] == -se[1] && sk[2] == -se[2]) {
+          found = k;
+          break;
+        }
+      }
+      reverse[static_cast<size_t>(e)] = found;
     }
-  };
-  struct Hash {
-    size_t operator()(const Key& k) const {
-      uint64_t h = 1469598103934665603ull;
-      for (int64_t v : {k.a, k.b, k.x, k.y, k.z}) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-      return static_cast<size_t>(h);
-    }
-  };
-  std::unordered_map<Key, int64_t, Hash> index;
-  index.reserve(static_cast<size_t>(E));
+  });
+  // A pair is two edges that are each other's reverse (a duplicated edge
+  // stays alone); its representative is its first edge, pairs numbered in
+  // the order of their representatives.
   at::Tensor edge_pair = at::empty({E}, at::kLong);
   int64_t* ep = edge_pair.data_ptr<int64_t>();
   std::vector<int64_t> rep;
   rep.reserve(static_cast<size_t>(E / 2 + 1));
   for (int64_t e = 0; e < E; ++e) {
-    Key k{src[e], dst[e], s[3 * e], s[3 * e + 1], s[3 * e + 2]};
-    // Canonical orientation: i < j, or i == j with the shift's first nonzero entry > 0.
-    const bool flip = k.a > k.b ||
-                      (k.a == k.b && (k.x < 0 || (k.x == 0 && (k.y < 0 || (k.y == 0 && k.z < 0)))));
-    if (flip) k = Key{k.b, k.a, -k.x, -k.y, -k.z};
-    auto [it, inserted] = index.emplace(k, static_cast<int64_t>(rep.size()));
-    if (inserted) rep.push_back(e);
-    ep[e] = it->second;
+    const int64_t r = reverse[static_cast<size_t>(e)];
+    if (r < e && reverse[static_cast<size_t>(r)] == e) {
+      ep[e] = ep[r];
+    } else {
+      ep[e] = static_cast<int64_t>(rep.size());
+      rep.push_back(e);
+    }
   }
   at::Tensor representative = at::tensor(rep, at::kLong);
   return {edge_pair.to(edge_index.device()), representative.to(edge_index.device())};
