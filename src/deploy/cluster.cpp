@@ -5,6 +5,7 @@
 #include "crucible/data/batch.h"
 #include "crucible/data/structure_checks.h"
 #include "crucible/neighbors/neighbor_list.h"
+#include "crucible/neighbors/counting_sort.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -83,48 +84,42 @@ struct PrunedCluster {
 PrunedCluster prune(const NeighborList& nl, const at::Tensor& contributing, int64_t layers) {
   const std::vector<int64_t> d = hops_from_contributing(nl, contributing, layers);
   const int64_t n = contributing.size(0), m = nl.num_edges();
-  // Counting sort of the atoms by hops (stable: the caller's order within one hop count).
-  // at_hops[h] = atoms fewer than h hops out, h in [0, layers + 1]; d is at most layers + 1.
-  std::vector<int64_t> at_hops(static_cast<size_t>(layers + 2), 0);
+  // Atoms sorted by hops (stable: the caller's order within one hop count);
+  // those more than `layers` hops out are left out. by_hops.offsets[h] =
+  // atoms fewer than h hops out; d is at most layers + 1.
+  std::vector<int64_t> hop_key(static_cast<size_t>(n));
   for (int64_t a = 0; a < n; ++a) {
     const int64_t h = d[static_cast<size_t>(a)];
-    if (h <= layers) ++at_hops[static_cast<size_t>(h) + 1];
+    hop_key[static_cast<size_t>(a)] = h <= layers ? h : -1;
   }
-  for (size_t k = 1; k < at_hops.size(); ++k) at_hops[k] += at_hops[k - 1];  // first new index per hop count
+  const KeyGroups by_hops = counting_sort(hop_key.data(), n, layers + 1);
   PrunedCluster p;
-  for (int64_t t = 0; t < layers; ++t) p.layer_nodes.push_back(at_hops[static_cast<size_t>(layers - t)]);
-  const int64_t kept = at_hops[static_cast<size_t>(layers + 1)];
-  std::vector<int64_t> keep(static_cast<size_t>(kept)), new_index(static_cast<size_t>(n), -1);
-  std::vector<int64_t> next(at_hops.begin(), at_hops.end() - 1);
-  for (int64_t a = 0; a < n; ++a) {
-    const auto h = static_cast<size_t>(d[static_cast<size_t>(a)]);
-    if (h > static_cast<size_t>(layers)) continue;
-    new_index[static_cast<size_t>(a)] = next[h];
-    keep[static_cast<size_t>(next[h]++)] = a;
-  }
+  for (int64_t t = 0; t < layers; ++t) p.layer_nodes.push_back(by_hops.offsets[static_cast<size_t>(layers - t)]);
+  const std::vector<int64_t>& keep = by_hops.order;
+  const auto kept = static_cast<int64_t>(keep.size());
+  std::vector<int64_t> new_index(static_cast<size_t>(n), -1);
+  for (int64_t q = 0; q < kept; ++q) new_index[static_cast<size_t>(keep[static_cast<size_t>(q)])] = q;
   // Edges into atoms within L - 1 hops (their senders are within L), sorted
-  // by new receiver (counting sort, stable).
+  // by new receiver (stable); the others' features at no layer matter.
   const at::Tensor ei = nl.edge_index.to(at::kLong).contiguous();
   const int64_t* recv = ei.data_ptr<int64_t>();
   const int64_t* send = recv + m;
-  std::vector<int64_t> first_edge(static_cast<size_t>(kept) + 1, 0);
+  std::vector<int64_t> receiver_key(static_cast<size_t>(m));
   for (int64_t e = 0; e < m; ++e) {
-    if (d[static_cast<size_t>(recv[e])] <= layers - 1) ++first_edge[static_cast<size_t>(new_index[static_cast<size_t>(recv[e])]) + 1];
+    const auto r = static_cast<size_t>(recv[e]);
+    receiver_key[static_cast<size_t>(e)] = d[r] <= layers - 1 ? new_index[r] : -1;
   }
-  for (size_t k = 1; k < first_edge.size(); ++k) first_edge[k] += first_edge[k - 1];
-  const int64_t count = first_edge.back();
-  at::Tensor edge_index = at::empty({2, count}, at::kLong), idx = at::empty({count}, at::kLong);
+  const KeyGroups by_receiver = counting_sort(receiver_key.data(), m, kept);
+  const auto count = static_cast<int64_t>(by_receiver.order.size());
+  at::Tensor edge_index = at::empty({2, count}, at::kLong);
   int64_t* ri = edge_index.data_ptr<int64_t>();
   int64_t* si = ri + count;
-  int64_t* ip = idx.data_ptr<int64_t>();
-  for (int64_t e = 0; e < m; ++e) {
-    if (d[static_cast<size_t>(recv[e])] > layers - 1) continue;  // its features at no layer matter
-    const int64_t r = new_index[static_cast<size_t>(recv[e])];
-    const int64_t slot = first_edge[static_cast<size_t>(r)]++;
-    ri[slot] = r;
+  for (int64_t slot = 0; slot < count; ++slot) {
+    const int64_t e = by_receiver.order[static_cast<size_t>(slot)];
+    ri[slot] = receiver_key[static_cast<size_t>(e)];
     si[slot] = new_index[static_cast<size_t>(send[e])];
-    ip[slot] = e;
   }
+  const at::Tensor idx = at::tensor(by_receiver.order, at::kLong).view({count});
   p.atoms = at::tensor(keep, at::kLong).view({kept});
   p.nl.edge_index = edge_index;
   p.nl.shifts = nl.shifts.index_select(0, idx);

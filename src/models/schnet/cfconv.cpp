@@ -1,6 +1,7 @@
 // cfconv / edge_product: fused CPU loops and mutually recursive derivatives.
 
 #include "crucible/models/cfconv.h"
+#include "crucible/neighbors/counting_sort.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -157,15 +158,10 @@ std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_inde
     TORCH_CHECK(src[e] >= 0, "reverse_edge_pairs: edge_index must be >= 0, got ", src[e]);
     n = std::max(n, src[e] + 1);
   }
-  // Edges grouped by source atom (a stable counting sort): the reverse of
-  // (i, j, S) is among j's edges.
-  std::vector<int64_t> offsets(static_cast<size_t>(n + 1), 0), order(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) ++offsets[static_cast<size_t>(src[e] + 1)];
-  for (int64_t a = 0; a < n; ++a) offsets[static_cast<size_t>(a + 1)] += offsets[static_cast<size_t>(a)];
-  {
-    std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
-    for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(fill[static_cast<size_t>(src[e])]++)] = e;
-  }
+  // Edges grouped by source atom: the reverse of (i, j, S) is among j's edges.
+  const KeyGroups by_source = counting_sort(src, E, n);
+  const std::vector<int64_t>& offsets = by_source.offsets;
+  const std::vector<int64_t>& order = by_source.order;
   // reverse[e]: the first edge (j, i, -S) of edge e = (i, j, S), or e itself.
   std::vector<int64_t> reverse(static_cast<size_t>(E));
   at::parallel_for(0, E, 4096, [&](int64_t begin, int64_t end) {

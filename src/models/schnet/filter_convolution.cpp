@@ -3,6 +3,7 @@
 
 #include "crucible/models/filter_convolution.h"
 #include "crucible/models/chunk_parallel.h"
+#include "crucible/neighbors/counting_sort.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -186,17 +187,12 @@ PairEdges group_edges_by_pair(const at::Tensor& edge_pair, int64_t num_pairs, co
   const at::Tensor ep = edge_pair.to(at::kCPU, at::kLong).contiguous();
   const int64_t E = ep.size(0);
   const int64_t* p = ep.data_ptr<int64_t>();
-  at::Tensor offsets = at::zeros({num_pairs + 1}, at::kLong);
-  int64_t* off = offsets.data_ptr<int64_t>();
   for (int64_t e = 0; e < E; ++e) {
     TORCH_CHECK(p[e] >= 0 && p[e] < num_pairs, "group_edges_by_pair: pair index out of range");
-    ++off[p[e] + 1];
   }
-  for (int64_t q = 0; q < num_pairs; ++q) off[q + 1] += off[q];
-  at::Tensor order = at::empty({E}, at::kLong);
-  int64_t* o = order.data_ptr<int64_t>();
-  std::vector<int64_t> fill(off, off + num_pairs);
-  for (int64_t e = 0; e < E; ++e) o[fill[static_cast<size_t>(p[e])]++] = e;
+  const KeyGroups by_pair = counting_sort(p, E, num_pairs);
+  at::Tensor offsets = at::tensor(by_pair.offsets, at::kLong).view({num_pairs + 1});
+  at::Tensor order = at::tensor(by_pair.order, at::kLong).view({E});
   const auto dev = edge_index.device();
   PairEdges g;
   g.edge_pair = ep.to(dev);
