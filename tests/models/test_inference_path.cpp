@@ -134,6 +134,40 @@ TEST(InferencePath, TheModelsUseItInsideTheGuardOnly) {
   EXPECT_FALSE(inference_path_enabled());
 }
 
+TEST(InferencePath, EdgeVectorsBackwardEqualsIndexSelectsOnTwoThreads) {
+  // Oracle: autograd through index_select outside the guard. 50000 random
+  // edges (repeated atoms, self-pairs) make several 16384-edge chunks, split
+  // between two threads; the cell term stays in autograd on both paths.
+  at::manual_seed(3);
+  const int64_t n = 300, E = 50000;
+  Batch b;
+  b.batch = at::zeros({n}, at::kLong);
+  b.edge_index = at::randint(n, {2, E}, at::kLong);
+  b.shifts = at::randint(-1, 2, {E, 3}, at::kLong).to(at::kDouble);
+  const at::Tensor g = at::randn({E, 3}, at::kDouble);
+  const at::Tensor pos0 = at::randn({n, 3}, at::kDouble);
+  const at::Tensor cell0 = at::randn({1, 3, 3}, at::kDouble);
+  auto grads = [&](bool guarded, bool create_graph) {
+    b.positions = pos0.clone().requires_grad_(true);
+    b.cell = cell0.clone().requires_grad_(true);
+    InferencePathGuard guard(guarded);
+    const at::Tensor vec = edge_vectors(b);
+    return torch::autograd::grad({vec}, {b.positions, b.cell}, {g}, false, create_graph);
+  };
+  const auto expected = grads(false, false);
+  ASSERT_GT(expected[0].abs().max().item<double>(), 1.0);
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    const auto got = grads(true, false);
+    EXPECT_LT(max_abs_diff(got[0], expected[0]), 1e-11) << threads << " threads";
+    EXPECT_LT(max_abs_diff(got[1], expected[1]), 1e-11) << threads << " threads";
+  }
+  at::set_num_threads(1);
+  // The hand-written backward ran inside the guard only: it refuses create_graph.
+  EXPECT_NO_THROW(grads(false, true));
+  EXPECT_THROW(grads(true, true), std::runtime_error);
+}
+
 TEST(InferencePath, FilterConvolutionMatchesCompositeOpsForEveryChunk) {
   // Oracle: the filter network written with autograd ops, then gather ·
   // multiply · index_add; values and first derivatives w.r.t. h and d.
