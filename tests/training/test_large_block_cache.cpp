@@ -78,12 +78,14 @@ TEST(LargeBlockCache, ReusesAFreedLargeBlockAndServesEveryOtherRequest) {
   EXPECT_EQ(z[2047][2047].item<float>(), 8.0f);
 }
 
-TEST(LargeBlockCache, GivesTheCacheBackWhenTheKernelCouldNotServeARequest) {
-  constexpr size_t GiB = size_t{1} << 30;
+TEST(LargeBlockCache, GivesBackWhatTheKernelLacksToServeARequest) {
+  constexpr size_t GiB = size_t{1} << 30, MiB = size_t{1} << 20;
   // 24 GiB machine: keep 1.5 GiB to spare.
-  EXPECT_FALSE(cache_must_yield(GiB, 3 * GiB, 24 * GiB));
-  EXPECT_TRUE(cache_must_yield(GiB, 2 * GiB, 24 * GiB));
-  EXPECT_TRUE(cache_must_yield(4 * GiB, 3 * GiB, 24 * GiB));
+  EXPECT_EQ(bytes_to_yield(GiB, 3 * GiB, 24 * GiB), 0u);
+  EXPECT_EQ(bytes_to_yield(GiB, GiB / 2 * 5, 24 * GiB), 0u);  // exactly enough
+  EXPECT_EQ(bytes_to_yield(GiB, 2 * GiB, 24 * GiB), GiB / 2);
+  EXPECT_EQ(bytes_to_yield(4 * GiB, 3 * GiB, 24 * GiB), GiB / 2 * 5);
+  EXPECT_EQ(bytes_to_yield(16 * MiB, 0, 16 * GiB), 16 * MiB + GiB);
   // MemAvailable is read: positive and at most the machine's memory.
   const int64_t available = available_memory_bytes();
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
