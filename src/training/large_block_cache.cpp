@@ -12,11 +12,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <map>
-#include <unordered_map>
 #include <mutex>
 #include <new>
 #include <string>
+#include <unordered_map>
 
 namespace crucible {
 namespace {
@@ -116,12 +118,7 @@ class LargeBlockCache final : public c10::Allocator {
     }
   }
 
-  void empty() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& kv : free_) std::free(kv.second);
-    free_.clear();
-    cached_ = 0;
-  }
+  void empty() const { give_back(std::numeric_limits<size_t>::max()); }
 
   static void release(void* ptr) {
     LargeBlockCache* self = instance;
