@@ -17,6 +17,7 @@
 #include "crucible/training/strategy.h"
 
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,14 +47,16 @@ int main(int argc, char** argv) {
   select_blas_kernels(argc, argv);  // as crucible's main does
   tune_allocator_for_training();  // first, as crucible's main does
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s DATA.extxyz [--steps N] [--precision P] [--valid N] [--threads N]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DATA.extxyz [--steps N] [--precision P] [--valid N] [--threads N] [--profile TRACE.json]\n", argv[0]);
     return 1;
   }
   std::string data_path = argv[1], precision = "32-true";
   int64_t steps = 200, n_valid = 50, threads = 1;
+  std::string profile_path;  // --profile FILE: a chrome trace of every op (legacy profiler)
   for (int k = 2; k + 1 < argc; k += 2) {
     const std::string key = argv[k], value = argv[k + 1];
     if (key == "--steps") steps = std::atoll(value.c_str());
+    else if (key == "--profile") profile_path = value;
     else if (key == "--precision") precision = value;
     else if (key == "--valid") n_valid = std::atoll(value.c_str());
     else if (key == "--threads") threads = std::atoll(value.c_str());
@@ -109,7 +113,11 @@ int main(int argc, char** argv) {
         if (ctx.batch_count == std::min<int64_t>(50, steps)) rss_early = current_rss_kib();
       }));
   DataLoader loader(train_ds, {8, true, 0, true});
-  strategy.run(loader);
+  {
+    std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+    if (!profile_path.empty()) profile = std::make_unique<torch::autograd::profiler::RecordProfile>(profile_path);
+    strategy.run(loader);
+  }
   const long rss_end = current_rss_kib();
   std::sort(times.begin(), times.end());
   const double ms = 1e3 * times[times.size() / 2];

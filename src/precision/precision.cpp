@@ -1,5 +1,6 @@
 #include "crucible/precision/precision.h"
 
+#include "crucible/common/autocast_state.h"
 #include "crucible/common/error.h"
 
 #include <ATen/autocast_mode.h>
@@ -19,35 +20,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-// Autocast state access; the per-device API replaced the CPU/GPU pairs in 2.4.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-bool autocast_enabled(at::DeviceType t) { return at::autocast::is_autocast_enabled(t); }
-void set_autocast_enabled(at::DeviceType t, bool on) { at::autocast::set_autocast_enabled(t, on); }
-at::ScalarType autocast_dtype(at::DeviceType t) { return at::autocast::get_autocast_dtype(t); }
-void set_autocast_dtype(at::DeviceType t, at::ScalarType d) { at::autocast::set_autocast_dtype(t, d); }
-#else
-bool autocast_enabled(at::DeviceType t) {
-  return t == at::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
-}
-void set_autocast_enabled(at::DeviceType t, bool on) {
-  if (t == at::kCPU) {
-    at::autocast::set_cpu_enabled(on);
-  } else {
-    at::autocast::set_enabled(on);
-  }
-}
-at::ScalarType autocast_dtype(at::DeviceType t) {
-  return t == at::kCPU ? at::autocast::get_autocast_cpu_dtype()
-                       : at::autocast::get_autocast_gpu_dtype();
-}
-void set_autocast_dtype(at::DeviceType t, at::ScalarType d) {
-  if (t == at::kCPU) {
-    at::autocast::set_autocast_cpu_dtype(d);
-  } else {
-    at::autocast::set_autocast_gpu_dtype(d);
-  }
-}
-#endif
 
 }  // namespace
 

@@ -47,6 +47,16 @@ TEST(FastPath, ShiftedSoftplusValueFirstAndSecondDerivatives) {
   EXPECT_DOUBLE_EQ(d.item<double>(), 1.0 / (1.0 + std::exp(-25.0)));
 }
 
+// Each of `got` within `tol` of `want` relative to max(1, |want|).
+void expect_close(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want, double tol,
+                  at::ScalarType dt) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    const double scale = std::max(1.0, want[k].abs().max().item<double>());
+    EXPECT_LT((got[k] - want[k]).abs().max().item<double>() / scale, tol) << "quantity " << k << " dtype " << dt;
+  }
+}
+
 TEST(FastPath, CfconvAndEdgeProductMatchCompositeOpsToSecondOrder) {
   for (at::ScalarType dt : {at::kDouble, at::kFloat}) {
     const double tol = dt == at::kDouble ? 1e-12 : 2e-4;
@@ -67,15 +77,47 @@ TEST(FastPath, CfconvAndEdgeProductMatchCompositeOpsToSecondOrder) {
       auto gg = torch::autograd::grad({q}, {h, w});
       results[path] = {v, g[0], g[1], gg[0], gg[1]};
     }
-    for (size_t k = 0; k < results[0].size(); ++k) {
-      const double scale = std::max(1.0, results[1][k].abs().max().item<double>());
-      EXPECT_LT((results[0][k] - results[1][k]).abs().max().item<double>() / scale, tol)
-          << "quantity " << k << " dtype " << dt;
-    }
+    expect_close(results[0], results[1], tol, dt);
     // edge_product against its definition.
     const at::Tensor p = edge_product(h0, up, send, recv);
     EXPECT_LT((p - h0.index_select(0, send) * up.index_select(0, recv)).abs().max().item<double>(), tol);
   }
+}
+
+TEST(FastPath, PairFilterCfconvMatchesGatheredFiltersToSecondOrder) {
+  // cfconv_pairs(h, Wp, r, s, pair) against cfconv's composite definition
+  // with the filter gathered to edges, Wp.index_select(0, pair); both
+  // derivatives and a second-order quantity through them.
+  for (at::ScalarType dt : {at::kDouble, at::kFloat}) {
+    const double tol = dt == at::kDouble ? 1e-12 : 2e-4;
+    at::manual_seed(2);
+    const int64_t N = 6, E = 40, P = 17, K = 4;
+    const at::Tensor recv = at::randint(0, N, {E}, at::kLong);
+    const at::Tensor send = at::randint(0, N, {E}, at::kLong);
+    const at::Tensor pair = at::randint(0, P, {E}, at::kLong);
+    const at::Tensor h0 = at::randn({N, K}, dt), w0 = at::randn({P, K}, dt), up = at::randn({N, K}, dt);
+    std::vector<at::Tensor> results[2];
+    for (int path = 0; path < 2; ++path) {
+      at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      at::Tensor v = path == 0 ? cfconv_pairs(h, w, recv, send, pair)
+                               : at::zeros({N, K}, dt).index_add(
+                                     0, recv, h.index_select(0, send) * w.index_select(0, pair));
+      auto g = torch::autograd::grad({(v * up).sum()}, {h, w}, {}, true, true);
+      at::Tensor q = g[0].pow(3).sum() + (g[1] * w).pow(2).sum();
+      auto gg = torch::autograd::grad({q}, {h, w});
+      results[path] = {v, g[0], g[1], gg[0], gg[1]};
+    }
+    expect_close(results[0], results[1], tol, dt);
+    // edge_product_pairs against its definition: a per-pair sum.
+    const at::Tensor q = edge_product_pairs(h0, up, send, recv, pair, P);
+    const at::Tensor ref = at::zeros({P, K}, dt).index_add(0, pair, h0.index_select(0, send) * up.index_select(0, recv));
+    EXPECT_LT((q - ref).abs().max().item<double>(), tol);
+    EXPECT_GT(ref.abs().max().item<double>(), 0.1);
+  }
+  // An out-of-range pair index is refused.
+  const at::Tensor h = at::randn({3, 2}), w = at::randn({2, 2});
+  const at::Tensor idx = at::zeros({2}, at::kLong);
+  EXPECT_THROW(cfconv_pairs(h, w, idx, idx, at::full({2}, 2, at::kLong)), c10::Error);
 }
 
 TEST(FastPath, ReverseEdgePairsPairEachEdgeWithItsReverse) {

@@ -25,6 +25,25 @@ at::Tensor cfconv(const at::Tensor& h, const at::Tensor& W, const at::Tensor& re
 at::Tensor edge_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& left,
                         const at::Tensor& right);
 
+/// cfconv with one filter row per distance pair (reverse_edge_pairs):
+/// v_n = Σ_{e : receiver[e] = n} h[sender[e]] ⊙ W_pairs[edge_pair[e]], with
+/// W_pairs [P,K] and edge_pair [E] int64 in [0, P). Equal to
+/// cfconv(h, W_pairs.index_select(0, edge_pair), receiver, sender) without
+/// the [E,K] gather or, in the backward, its [E,K] scatter: ∂/∂h =
+/// cfconv_pairs(g, W_pairs, sender, receiver, edge_pair), ∂/∂W_pairs =
+/// edge_product_pairs(g, h, receiver, sender, edge_pair, P); exact to any order.
+/// @throws c10::Error as cfconv, or if edge_pair is undefined or out of range.
+at::Tensor cfconv_pairs(const at::Tensor& h, const at::Tensor& W_pairs, const at::Tensor& receiver,
+                        const at::Tensor& sender, const at::Tensor& edge_pair);
+
+/// Q[p] = Σ_{e : edge_pair[e] = p} a[left[e]] ⊙ b[right[e]]: a, b [N,K],
+/// left/right/edge_pair [E] → Q [num_pairs, K] (edge_product summed per pair).
+/// Derivatives: ∂/∂a = cfconv_pairs(b, g, left, right, edge_pair),
+/// ∂/∂b = cfconv_pairs(a, g, right, left, edge_pair).
+/// @throws c10::Error as cfconv_pairs, or if num_pairs < 0.
+at::Tensor edge_product_pairs(const at::Tensor& a, const at::Tensor& b, const at::Tensor& left,
+                              const at::Tensor& right, const at::Tensor& edge_pair, int64_t num_pairs);
+
 /// Pairs of a neighbor list's edges that are each other's reverse:
 /// (i, j, S) and (j, i, -S) have the same distance, so a distance-only
 /// filter needs computing once per pair. edge_index [2,E] int64, shifts

@@ -31,62 +31,84 @@ void check_indices(const at::Tensor& idx, int64_t n, const char* what) {
   }
 }
 
+// `pair` null: W row e for edge e; else W row pair[e] (one filter per pair).
 template <class T>
-void cfconv_kernel(const T* h, const T* w, const int64_t* recv, const int64_t* send, T* out,
-                   int64_t E, int64_t K) {
+void cfconv_kernel(const T* h, const T* w, const int64_t* recv, const int64_t* send, const int64_t* pair,
+                   T* out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     T* o = out + recv[e] * K;
     const T* hs = h + send[e] * K;
-    const T* we = w + e * K;
+    const T* we = w + (pair ? pair[e] : e) * K;
     for (int64_t k = 0; k < K; ++k) o[k] += hs[k] * we[k];
   }
 }
 
+// `pair` null: out row e = a[left e] ⊙ b[right e]; else summed into row pair[e]
+// (out zeroed by the caller).
 template <class T>
-void edge_product_kernel(const T* a, const T* b, const int64_t* left, const int64_t* right, T* out,
-                         int64_t E, int64_t K) {
+void edge_product_kernel(const T* a, const T* b, const int64_t* left, const int64_t* right,
+                         const int64_t* pair, T* out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     const T* al = a + left[e] * K;
     const T* br = b + right[e] * K;
-    T* o = out + e * K;
-    for (int64_t k = 0; k < K; ++k) o[k] = al[k] * br[k];
+    if (pair) {
+      T* o = out + pair[e] * K;
+      for (int64_t k = 0; k < K; ++k) o[k] += al[k] * br[k];
+    } else {
+      T* o = out + e * K;
+      for (int64_t k = 0; k < K; ++k) o[k] = al[k] * br[k];
+    }
   }
 }
 
+// W has one row per edge (pair undefined) or per pair (W [P,K], pair [E]).
 at::Tensor cfconv_forward(const at::Tensor& h, const at::Tensor& W, const at::Tensor& recv,
-                          const at::Tensor& send) {
-  TORCH_CHECK(h.dim() == 2 && W.dim() == 2 && h.size(1) == W.size(1) &&
-                  W.size(0) == recv.size(0) && W.size(0) == send.size(0),
-              "cfconv: h [N,K], W [E,K], receiver/sender [E] expected");
+                          const at::Tensor& send, const at::Tensor& pair) {
+  const int64_t E = recv.size(0);
+  TORCH_CHECK(h.dim() == 2 && W.dim() == 2 && h.size(1) == W.size(1) && send.size(0) == E &&
+                  (pair.defined() ? pair.size(0) == E : W.size(0) == E),
+              "cfconv: h [N,K], W [E,K] (or [P,K] with edge_pair [E]), receiver/sender [E] expected");
   if (!fused_ok(h, W)) {
-    return at::zeros_like(h).index_add(0, recv, h.index_select(0, send) * W);
+    const at::Tensor We = pair.defined() ? W.index_select(0, pair) : W;
+    return at::zeros_like(h).index_add(0, recv, h.index_select(0, send) * We);
   }
   const at::Tensor hc = h.contiguous(), wc = W.contiguous();
   const at::Tensor r = recv.contiguous(), s = send.contiguous();
   check_indices(r, h.size(0), "cfconv receiver");
   check_indices(s, h.size(0), "cfconv sender");
+  const at::Tensor pc = pair.defined() ? pair.contiguous() : at::Tensor();
+  if (pc.defined()) check_indices(pc, W.size(0), "cfconv edge_pair");
   at::Tensor out = at::zeros_like(hc);
   AT_DISPATCH_FLOATING_TYPES(hc.scalar_type(), "cfconv", [&] {
     cfconv_kernel<scalar_t>(hc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), r.data_ptr<int64_t>(),
-                            s.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), wc.size(0), wc.size(1));
+                            s.data_ptr<int64_t>(), pc.defined() ? pc.data_ptr<int64_t>() : nullptr,
+                            out.data_ptr<scalar_t>(), E, wc.size(1));
   });
   return out;
 }
 
+// rows: E (pair undefined) or the number of pairs P.
 at::Tensor edge_product_forward(const at::Tensor& a, const at::Tensor& b, const at::Tensor& left,
-                                const at::Tensor& right) {
+                                const at::Tensor& right, const at::Tensor& pair, int64_t rows) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1) &&
-                  left.size(0) == right.size(0),
-              "edge_product: a, b [N,K], left/right [E] expected");
-  if (!fused_ok(a, b)) return a.index_select(0, left) * b.index_select(0, right);
+                  left.size(0) == right.size(0) && (!pair.defined() || pair.size(0) == left.size(0)),
+              "edge_product: a, b [N,K], left/right [E] (and edge_pair [E]) expected");
+  if (!fused_ok(a, b)) {
+    const at::Tensor p = a.index_select(0, left) * b.index_select(0, right);
+    return pair.defined() ? at::zeros({rows, a.size(1)}, p.options()).index_add(0, pair, p) : p;
+  }
   const at::Tensor ac = a.contiguous(), bc = b.contiguous();
   const at::Tensor l = left.contiguous(), r = right.contiguous();
   check_indices(l, a.size(0), "edge_product left");
   check_indices(r, b.size(0), "edge_product right");
-  at::Tensor out = at::empty({l.size(0), ac.size(1)}, ac.options());
+  const at::Tensor pc = pair.defined() ? pair.contiguous() : at::Tensor();
+  if (pc.defined()) check_indices(pc, rows, "edge_product edge_pair");
+  at::Tensor out = pc.defined() ? at::zeros({rows, ac.size(1)}, ac.options())
+                                : at::empty({l.size(0), ac.size(1)}, ac.options());
   AT_DISPATCH_FLOATING_TYPES(ac.scalar_type(), "edge_product", [&] {
     edge_product_kernel<scalar_t>(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
                                   l.data_ptr<int64_t>(), r.data_ptr<int64_t>(),
+                                  pc.defined() ? pc.data_ptr<int64_t>() : nullptr,
                                   out.data_ptr<scalar_t>(), l.size(0), ac.size(1));
   });
   return out;
@@ -94,28 +116,39 @@ at::Tensor edge_product_forward(const at::Tensor& a, const at::Tensor& b, const 
 
 struct EdgeProduct;
 
+// Inputs h, W, receiver, sender, edge_pair. A custom Function's inputs must
+// be defined tensors (LibTorch 1.13), so "one W row per edge" is an empty
+// edge_pair with per_pair false.
+at::Tensor pair_or_none(const at::Tensor& pair, bool per_pair) { return per_pair ? pair : at::Tensor(); }
+
 struct Cfconv : public Function<Cfconv> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& W,
-                            const at::Tensor& recv, const at::Tensor& send) {
-    ctx->save_for_backward({h, W, recv, send});
-    return cfconv_forward(h, W, recv, send);
+                            const at::Tensor& recv, const at::Tensor& send, const at::Tensor& pair,
+                            bool per_pair) {
+    ctx->save_for_backward({h, W, recv, send, pair});
+    ctx->saved_data["per_pair"] = per_pair;
+    return cfconv_forward(h, W, recv, send, pair_or_none(pair, per_pair));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads);
 };
 
+// Inputs a, b, left, right, edge_pair (per_pair false: one output row per edge), rows.
 struct EdgeProduct : public Function<EdgeProduct> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
-                            const at::Tensor& left, const at::Tensor& right) {
-    ctx->save_for_backward({a, b, left, right});
-    return edge_product_forward(a, b, left, right);
+                            const at::Tensor& left, const at::Tensor& right, const at::Tensor& pair,
+                            bool per_pair, int64_t rows) {
+    ctx->save_for_backward({a, b, left, right, pair});
+    ctx->saved_data["per_pair"] = per_pair;
+    return edge_product_forward(a, b, left, right, pair_or_none(pair, per_pair), rows);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
     const at::Tensor& g = grads[0];
     at::Tensor ga, gb;
-    if (ctx->needs_input_grad(0)) ga = Cfconv::apply(s[1], g, s[2], s[3]);
-    if (ctx->needs_input_grad(1)) gb = Cfconv::apply(s[0], g, s[3], s[2]);
-    return {ga, gb, at::Tensor(), at::Tensor()};
+    const bool per_pair = ctx->saved_data["per_pair"].toBool();
+    if (ctx->needs_input_grad(0)) ga = Cfconv::apply(s[1], g, s[2], s[3], s[4], per_pair);
+    if (ctx->needs_input_grad(1)) gb = Cfconv::apply(s[0], g, s[3], s[2], s[4], per_pair);
+    return {ga, gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -123,23 +156,40 @@ variable_list Cfconv::backward(AutogradContext* ctx, variable_list grads) {
   const auto s = ctx->get_saved_variables();
   const at::Tensor& g = grads[0];
   at::Tensor gh, gW;
-  if (ctx->needs_input_grad(0)) gh = Cfconv::apply(g, s[1], s[3], s[2]);
-  if (ctx->needs_input_grad(1)) gW = EdgeProduct::apply(g, s[0], s[2], s[3]);
-  return {gh, gW, at::Tensor(), at::Tensor()};
+  const bool per_pair = ctx->saved_data["per_pair"].toBool();
+  if (ctx->needs_input_grad(0)) gh = Cfconv::apply(g, s[1], s[3], s[2], s[4], per_pair);
+  if (ctx->needs_input_grad(1)) gW = EdgeProduct::apply(g, s[0], s[2], s[3], s[4], per_pair, s[1].size(0));
+  return {gh, gW, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
 }
+
+at::Tensor no_pairs() { return at::empty({0}, at::kLong); }
 
 }  // namespace
 
 at::Tensor cfconv(const at::Tensor& h, const at::Tensor& W, const at::Tensor& receiver,
                   const at::Tensor& sender) {
   const auto dtype = at::result_type(h, W);
-  return Cfconv::apply(h.to(dtype), W.to(dtype), receiver, sender);
+  return Cfconv::apply(h.to(dtype), W.to(dtype), receiver, sender, no_pairs(), false);
+}
+
+at::Tensor cfconv_pairs(const at::Tensor& h, const at::Tensor& W_pairs, const at::Tensor& receiver,
+                        const at::Tensor& sender, const at::Tensor& edge_pair) {
+  TORCH_CHECK(edge_pair.defined(), "cfconv_pairs: edge_pair [E] int64 expected");
+  const auto dtype = at::result_type(h, W_pairs);
+  return Cfconv::apply(h.to(dtype), W_pairs.to(dtype), receiver, sender, edge_pair, true);
 }
 
 at::Tensor edge_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& left,
                         const at::Tensor& right) {
   const auto dtype = at::result_type(a, b);
-  return EdgeProduct::apply(a.to(dtype), b.to(dtype), left, right);
+  return EdgeProduct::apply(a.to(dtype), b.to(dtype), left, right, no_pairs(), false, left.size(0));
+}
+
+at::Tensor edge_product_pairs(const at::Tensor& a, const at::Tensor& b, const at::Tensor& left,
+                              const at::Tensor& right, const at::Tensor& edge_pair, int64_t num_pairs) {
+  TORCH_CHECK(edge_pair.defined() && num_pairs >= 0, "edge_product_pairs: edge_pair [E] and num_pairs >= 0 expected");
+  const auto dtype = at::result_type(a, b);
+  return EdgeProduct::apply(a.to(dtype), b.to(dtype), left, right, edge_pair, true, num_pairs);
 }
 
 std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_index,

@@ -7,6 +7,7 @@
 #include "crucible/models/layer_nodes.h"
 #include "crucible/models/cfconv.h"
 #include "crucible/models/filter_convolution.h"
+#include "crucible/models/gemm_rows.h"
 #include "crucible/models/shifted_softplus.h"
 
 #include <ATen/ATen.h>
@@ -123,6 +124,11 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   const std::vector<LayerExtent> extents = layer_extents(batch, options_.num_interactions);
   LayerPairs pairs;  // inference path: the current layer's pair grouping and distances
 
+  // Dense layers: rows padded to a bucket when the product runs in bf16 on
+  // the CPU (gemm_rows.h: oneDNN builds a kernel per new row count).
+  const auto linear = [ref](auto& layer, const at::Tensor& in) {
+    return ref ? layer->forward(in) : linear_bucketed_rows(in, layer->weight, layer->bias);
+  };
   at::Tensor x = embedding_->forward(batch.atomic_numbers);   // [N,F]
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
     const int64_t n_out = extents[static_cast<size_t>(t)].nodes, e_t = extents[static_cast<size_t>(t)].edges;
@@ -134,7 +140,7 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     auto in2f = in2f_->ptr<torch::nn::LinearImpl>(t);
     auto f2out = f2out_->ptr<torch::nn::LinearImpl>(t);
     auto dense = dense_->ptr<torch::nn::LinearImpl>(t);
-    const at::Tensor h = in2f->forward(x);                    // [N,K]
+    const at::Tensor h = linear(in2f, x);                     // [N,K]
     at::Tensor v;                                             // Σ_j h_j ⊙ W_ij, [N,K]
     if (chunked) {  // filter network + cfconv per pair chunk (issue 19)
       const FilterNetwork net{filter1->weight, filter1->bias, filter2->weight, filter2->bias,
@@ -143,19 +149,19 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     } else {
       // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
       at::Tensor W =
-          filter2->forward(ssp(filter1->forward(rbf_in), ref)) * fc.unsqueeze(-1).to(layer);
+          linear(filter2, ssp(linear(filter1, rbf_in), ref)) * fc.unsqueeze(-1).to(layer);
       if (ref) {
         const at::Tensor msg = h.index_select(0, j_t) * leading_rows(W, e_t);  // [E,K]
         v = at::zeros({h.size(0), msg.size(1)}, msg.options()).index_add(0, i_t, msg);
       } else {
-        W = W.index_select(0, leading_rows(edge_pair, e_t));  // pairs → edges, [E,K]
-        v = cfconv(h, W, i_t, j_t);  // fused, hand-written derivatives (issue 7)
+        // Fused, hand-written derivatives (issue 7); W stays per pair [P,K].
+        v = cfconv_pairs(h, W, i_t, j_t, leading_rows(edge_pair, e_t));
       }
     }
-    v = dense->forward(ssp(f2out->forward(leading_rows(v, n_out)), ref));  // [n_out,F]
+    v = linear(dense, ssp(linear(f2out, leading_rows(v, n_out)), ref));  // [n_out,F]
     x = leading_rows(x, n_out) + v.to(x.scalar_type());
   }
-  at::Tensor y = out2_->forward(ssp(out1_->forward(x), ref)).squeeze(-1);  // [N]
+  at::Tensor y = linear(out2_, ssp(linear(out1_, x), ref)).squeeze(-1);  // [N]
   // Back to the geometry dtype before the scale/shift and the energy sum.
   AutocastDisabledGuard no_autocast;
   y = pad_nodes(y.to(geom), N);

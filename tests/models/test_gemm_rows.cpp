@@ -1,0 +1,80 @@
+// Issue 19: bf16 CPU products padded to row buckets give the unpadded
+// product's values and derivatives.
+
+#include "crucible/models/gemm_rows.h"
+#include "crucible/precision/precision.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <set>
+
+namespace crucible {
+namespace {
+
+TEST(GemmRows, BucketIsTheNextMultipleOfASixteenthOfThePowerOfTwoBelow) {
+  EXPECT_EQ(gemm_row_bucket(0), 0);
+  EXPECT_EQ(gemm_row_bucket(16), 16);
+  EXPECT_EQ(gemm_row_bucket(17), 17);    // 2^4: steps of 1
+  EXPECT_EQ(gemm_row_bucket(33), 34);    // 2^5: steps of 2
+  EXPECT_EQ(gemm_row_bucket(5000), 5120);  // 2^12: steps of 256
+  EXPECT_EQ(gemm_row_bucket(5121), 5376);
+  EXPECT_EQ(gemm_row_bucket(8192), 8192);
+  EXPECT_THROW(gemm_row_bucket(-1), c10::Error);
+  // At most 1/16 extra rows, and few sizes over a range of row counts.
+  std::set<int64_t> sizes;
+  for (int64_t m = 17; m < 100000; ++m) {
+    const int64_t b = gemm_row_bucket(m);
+    ASSERT_GE(b, m);
+    ASSERT_LE(16 * (b - m), m);
+    if (m >= 5000 && m <= 5800) sizes.insert(b);
+  }
+  EXPECT_EQ(sizes.size(), 4u);  // 5120, 5376, 5632, 5888
+}
+
+TEST(GemmRows, WhereTheProductRunsInBf16) {
+  const at::Tensor x = at::randn({5, 3}), w = at::randn({2, 3});
+  EXPECT_FALSE(cpu_bf16_gemm(x, w));
+  EXPECT_TRUE(cpu_bf16_gemm(x, w.to(at::kBFloat16)));
+  {
+    AutocastGuard bf16(at::Device(at::kCPU), at::kBFloat16);
+    EXPECT_TRUE(cpu_bf16_gemm(x, w));
+    EXPECT_FALSE(cpu_bf16_gemm(x.to(at::kLong), w.to(at::kLong)));
+  }
+  EXPECT_FALSE(cpu_bf16_gemm(x, w));
+}
+
+TEST(GemmRows, PaddedBf16LinearEqualsAtLinearToSecondOrder) {
+  // Under bf16 autocast both paths multiply the same bf16 values (zero rows
+  // added only), so values and derivatives agree to float32 round-off.
+  at::manual_seed(3);
+  const int64_t M = 37;  // bucket 38: one padded row
+  ASSERT_GT(gemm_row_bucket(M), M);
+  const at::Tensor x0 = at::randn({M, 8}), w = at::randn({5, 8}), b = at::randn({5});
+  const at::Tensor up = at::randn({M, 5});
+  std::vector<at::Tensor> results[2];
+  for (int path = 0; path < 2; ++path) {
+    at::Tensor x = x0.clone().requires_grad_(true);
+    at::Tensor wp = w.clone().requires_grad_(true);
+    AutocastGuard bf16(at::Device(at::kCPU), at::kBFloat16);
+    at::Tensor y = path == 0 ? linear_bucketed_rows(x, wp, b) : at::linear(x, wp, b);
+    ASSERT_EQ(y.sizes(), (at::IntArrayRef{M, 5}));
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    // A nonlinear loss, a first derivative with a graph, a second through it.
+    at::Tensor loss = (at::tanh(y.to(at::kFloat)) * up).sum();
+    auto g = torch::autograd::grad({loss}, {x, wp}, {}, true, true);
+    at::Tensor q = g[0].to(at::kFloat).pow(2).sum();
+    auto gg = torch::autograd::grad({q}, {wp});
+    results[path] = {y.to(at::kFloat), g[0].to(at::kFloat), g[1].to(at::kFloat), gg[0].to(at::kFloat)};
+  }
+  for (size_t k = 0; k < results[0].size(); ++k) {
+    const double scale = results[1][k].abs().max().item<double>();
+    EXPECT_GT(scale, 0.01) << k;
+    EXPECT_LT((results[0][k] - results[1][k]).abs().max().item<double>() / scale, 1e-6) << "quantity " << k;
+  }
+  // In float32 it is at::linear exactly.
+  EXPECT_TRUE(at::equal(linear_bucketed_rows(x0, w, b), at::linear(x0, w, b)));
+}
+
+}  // namespace
+}  // namespace crucible
