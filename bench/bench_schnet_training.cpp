@@ -47,16 +47,18 @@ int main(int argc, char** argv) {
   select_blas_kernels(argc, argv);  // as crucible's main does
   tune_allocator_for_training();  // first, as crucible's main does
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s DATA.extxyz [--steps N] [--precision P] [--valid N] [--threads N] [--profile TRACE.json]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DATA.extxyz [--steps N] [--precision P] [--valid N] [--threads N] [--width K] [--profile TRACE.json]\n", argv[0]);
     return 1;
   }
   std::string data_path = argv[1], precision = "32-true";
   int64_t steps = 200, n_valid = 50, threads = 1;
+  int64_t width = 64;  // --width: hidden_channels = num_filters (schnetpack's default is 128)
   std::string profile_path;  // --profile FILE: a chrome trace of every op (legacy profiler)
   for (int k = 2; k + 1 < argc; k += 2) {
     const std::string key = argv[k], value = argv[k + 1];
     if (key == "--steps") steps = std::atoll(value.c_str());
     else if (key == "--profile") profile_path = value;
+    else if (key == "--width") width = std::atoll(value.c_str());
     else if (key == "--precision") precision = value;
     else if (key == "--valid") n_valid = std::atoll(value.c_str());
     else if (key == "--threads") threads = std::atoll(value.c_str());
@@ -73,8 +75,8 @@ int main(int argc, char** argv) {
   auto valid_ds = std::make_shared<AtomicDataset>(valid, 5.0);
 
   SchNetOptions so;
-  so.hidden_channels = 64;
-  so.num_filters = 64;
+  so.hidden_channels = width;
+  so.num_filters = width;
   so.num_interactions = 3;
   so.num_gaussians = 20;
   so.cutoff = 5.0;

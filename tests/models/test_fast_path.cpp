@@ -120,6 +120,34 @@ TEST(FastPath, PairFilterCfconvMatchesGatheredFiltersToSecondOrder) {
   EXPECT_THROW(cfconv_pairs(h, w, idx, idx, at::full({2}, 2, at::kLong)), c10::Error);
 }
 
+TEST(FastPath, Bf16CfconvSumsInFloatAndRoundsOnce) {
+  // bf16 inputs: the fused kernels sum in float32 and round the result once,
+  // so they equal the float32 sums of the same (bf16-exact) values rounded
+  // to bf16; the composite bf16 ops would round at every partial sum.
+  at::manual_seed(4);
+  const int64_t N = 9, E = 300, P = 160, K = 16;
+  const at::Tensor recv = at::randint(0, N, {E}, at::kLong), send = at::randint(0, N, {E}, at::kLong);
+  const at::Tensor pair = at::randint(0, P, {E}, at::kLong);
+  const at::Tensor h = at::randn({N, K}).to(at::kBFloat16), w = at::randn({P, K}).to(at::kBFloat16);
+  const at::Tensor v = cfconv_pairs(h, w, recv, send, pair);
+  ASSERT_EQ(v.scalar_type(), at::kBFloat16);
+  const at::Tensor v32 = cfconv_pairs(h.to(at::kFloat), w.to(at::kFloat), recv, send, pair);
+  EXPECT_TRUE(at::equal(v, v32.to(at::kBFloat16)));
+  const at::Tensor q = edge_product_pairs(h, h, send, recv, pair, P);
+  ASSERT_EQ(q.scalar_type(), at::kBFloat16);
+  const at::Tensor q32 = edge_product_pairs(h.to(at::kFloat), h.to(at::kFloat), send, recv, pair, P);
+  EXPECT_TRUE(at::equal(q, q32.to(at::kBFloat16)));
+  const at::Tensor pe = edge_product(h, h, send, recv);
+  EXPECT_TRUE(at::equal(pe, edge_product(h.to(at::kFloat), h.to(at::kFloat), send, recv).to(at::kBFloat16)));
+  // Its gradient stays bf16 and equals the float32 one to bf16 rounding.
+  at::Tensor hg = h.clone().requires_grad_(true);
+  const at::Tensor g = torch::autograd::grad({cfconv_pairs(hg, w, recv, send, pair).to(at::kFloat).sum()}, {hg})[0];
+  EXPECT_EQ(g.scalar_type(), at::kBFloat16);
+  at::Tensor h32 = h.to(at::kFloat).requires_grad_(true);
+  const at::Tensor g32 = torch::autograd::grad({cfconv_pairs(h32, w.to(at::kFloat), recv, send, pair).sum()}, {h32})[0];
+  EXPECT_TRUE(at::equal(g, g32.to(at::kBFloat16)));
+}
+
 TEST(FastPath, ReverseEdgePairsPairEachEdgeWithItsReverse) {
   // 0→1 (S=0) and 1→0 (S=0); 0→0 with S=(1,0,0) and S=(-1,0,0); 2→1 alone.
   const at::Tensor ei = at::tensor({0, 1, 0, 0, 2, 1, 0, 0, 0, 1}, at::kLong).view({2, 5});

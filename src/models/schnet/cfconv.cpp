@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -20,7 +21,7 @@ using torch::autograd::variable_list;
 
 bool fused_ok(const at::Tensor& a, const at::Tensor& b) {
   return a.device().is_cpu() && b.device().is_cpu() && a.scalar_type() == b.scalar_type() &&
-         (a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble);
+         (a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble || a.scalar_type() == at::kBFloat16);
 }
 
 void check_indices(const at::Tensor& idx, int64_t n, const char* what) {
@@ -32,34 +33,37 @@ void check_indices(const at::Tensor& idx, int64_t n, const char* what) {
 }
 
 // `pair` null: W row e for edge e; else W row pair[e] (one filter per pair).
-template <class T>
+// Sums in A (float for bfloat16 inputs, else T).
+template <class T, class A>
 void cfconv_kernel(const T* h, const T* w, const int64_t* recv, const int64_t* send, const int64_t* pair,
-                   T* out, int64_t E, int64_t K) {
+                   A* out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
-    T* o = out + recv[e] * K;
+    A* o = out + recv[e] * K;
     const T* hs = h + send[e] * K;
     const T* we = w + (pair ? pair[e] : e) * K;
-    for (int64_t k = 0; k < K; ++k) o[k] += hs[k] * we[k];
+    for (int64_t k = 0; k < K; ++k) o[k] += static_cast<A>(hs[k]) * static_cast<A>(we[k]);
   }
 }
 
 // `pair` null: out row e = a[left e] ⊙ b[right e]; else summed into row pair[e]
 // (out zeroed by the caller).
-template <class T>
+template <class T, class A>
 void edge_product_kernel(const T* a, const T* b, const int64_t* left, const int64_t* right,
-                         const int64_t* pair, T* out, int64_t E, int64_t K) {
+                         const int64_t* pair, A* out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     const T* al = a + left[e] * K;
     const T* br = b + right[e] * K;
+    A* o = out + (pair ? pair[e] : e) * K;
     if (pair) {
-      T* o = out + pair[e] * K;
-      for (int64_t k = 0; k < K; ++k) o[k] += al[k] * br[k];
+      for (int64_t k = 0; k < K; ++k) o[k] += static_cast<A>(al[k]) * static_cast<A>(br[k]);
     } else {
-      T* o = out + e * K;
-      for (int64_t k = 0; k < K; ++k) o[k] = al[k] * br[k];
+      for (int64_t k = 0; k < K; ++k) o[k] = static_cast<A>(al[k]) * static_cast<A>(br[k]);
     }
   }
 }
+
+// The sum's dtype: float for bfloat16 inputs (rounded once at the end), else the input's.
+at::ScalarType sum_dtype(at::ScalarType t) { return t == at::kBFloat16 ? at::kFloat : t; }
 
 // W has one row per edge (pair undefined) or per pair (W [P,K], pair [E]).
 at::Tensor cfconv_forward(const at::Tensor& h, const at::Tensor& W, const at::Tensor& recv,
@@ -78,13 +82,14 @@ at::Tensor cfconv_forward(const at::Tensor& h, const at::Tensor& W, const at::Te
   check_indices(s, h.size(0), "cfconv sender");
   const at::Tensor pc = pair.defined() ? pair.contiguous() : at::Tensor();
   if (pc.defined()) check_indices(pc, W.size(0), "cfconv edge_pair");
-  at::Tensor out = at::zeros_like(hc);
-  AT_DISPATCH_FLOATING_TYPES(hc.scalar_type(), "cfconv", [&] {
-    cfconv_kernel<scalar_t>(hc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), r.data_ptr<int64_t>(),
-                            s.data_ptr<int64_t>(), pc.defined() ? pc.data_ptr<int64_t>() : nullptr,
-                            out.data_ptr<scalar_t>(), E, wc.size(1));
+  at::Tensor out = at::zeros(hc.sizes(), hc.options().dtype(sum_dtype(hc.scalar_type())));
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, hc.scalar_type(), "cfconv", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    cfconv_kernel<scalar_t, acc_t>(hc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), r.data_ptr<int64_t>(),
+                                   s.data_ptr<int64_t>(), pc.defined() ? pc.data_ptr<int64_t>() : nullptr,
+                                   out.data_ptr<acc_t>(), E, wc.size(1));
   });
-  return out;
+  return out.to(hc.scalar_type());
 }
 
 // rows: E (pair undefined) or the number of pairs P.
@@ -103,15 +108,16 @@ at::Tensor edge_product_forward(const at::Tensor& a, const at::Tensor& b, const 
   check_indices(r, b.size(0), "edge_product right");
   const at::Tensor pc = pair.defined() ? pair.contiguous() : at::Tensor();
   if (pc.defined()) check_indices(pc, rows, "edge_product edge_pair");
-  at::Tensor out = pc.defined() ? at::zeros({rows, ac.size(1)}, ac.options())
-                                : at::empty({l.size(0), ac.size(1)}, ac.options());
-  AT_DISPATCH_FLOATING_TYPES(ac.scalar_type(), "edge_product", [&] {
-    edge_product_kernel<scalar_t>(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
-                                  l.data_ptr<int64_t>(), r.data_ptr<int64_t>(),
-                                  pc.defined() ? pc.data_ptr<int64_t>() : nullptr,
-                                  out.data_ptr<scalar_t>(), l.size(0), ac.size(1));
+  const auto acc = ac.options().dtype(sum_dtype(ac.scalar_type()));
+  at::Tensor out = pc.defined() ? at::zeros({rows, ac.size(1)}, acc) : at::empty({l.size(0), ac.size(1)}, acc);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, ac.scalar_type(), "edge_product", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    edge_product_kernel<scalar_t, acc_t>(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
+                                         l.data_ptr<int64_t>(), r.data_ptr<int64_t>(),
+                                         pc.defined() ? pc.data_ptr<int64_t>() : nullptr,
+                                         out.data_ptr<acc_t>(), l.size(0), ac.size(1));
   });
-  return out;
+  return out.to(ac.scalar_type());
 }
 
 struct EdgeProduct;

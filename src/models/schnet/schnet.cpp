@@ -148,8 +148,10 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
       v = filter_convolution(h, pairs.values, net, pairs.edges, inference_edge_chunk());
     } else {
       // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
-      at::Tensor W =
-          linear(filter2, ssp(linear(filter1, rbf_in), ref)) * fc.unsqueeze(-1).to(layer);
+      // The cutoff in the filter's dtype (bf16 under bf16 autocast), so the
+      // filter reaches cfconv_pairs without a cast to float32 and back.
+      const at::Tensor a2 = linear(filter2, ssp(linear(filter1, rbf_in), ref));
+      at::Tensor W = a2 * fc.unsqueeze(-1).to(ref ? layer : a2.scalar_type());
       if (ref) {
         const at::Tensor msg = h.index_select(0, j_t) * leading_rows(W, e_t);  // [E,K]
         v = at::zeros({h.size(0), msg.size(1)}, msg.options()).index_add(0, i_t, msg);
