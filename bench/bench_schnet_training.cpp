@@ -47,18 +47,20 @@ int main(int argc, char** argv) {
   select_blas_kernels(argc, argv);  // as crucible's main does
   tune_allocator_for_training();  // first, as crucible's main does
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s DATA.extxyz [--steps N] [--precision P] [--valid N] [--threads N] [--width K] [--profile TRACE.json]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DATA.extxyz [--steps N] [--precision P] [--valid N] [--threads N] [--width K] [--seed S] [--profile TRACE.json]\n", argv[0]);
     return 1;
   }
   std::string data_path = argv[1], precision = "32-true";
   int64_t steps = 200, n_valid = 50, threads = 1;
   int64_t width = 64;  // --width: hidden_channels = num_filters (schnetpack's default is 128)
+  int64_t seed = 0;  // --seed: the initial weights (the spread of the MAE between seeds)
   std::string profile_path;  // --profile FILE: a chrome trace of every op (legacy profiler)
   for (int k = 2; k + 1 < argc; k += 2) {
     const std::string key = argv[k], value = argv[k + 1];
     if (key == "--steps") steps = std::atoll(value.c_str());
     else if (key == "--profile") profile_path = value;
     else if (key == "--width") width = std::atoll(value.c_str());
+    else if (key == "--seed") seed = std::atoll(value.c_str());
     else if (key == "--precision") precision = value;
     else if (key == "--valid") n_valid = std::atoll(value.c_str());
     else if (key == "--threads") threads = std::atoll(value.c_str());
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
   so.num_interactions = 3;
   so.num_gaussians = 20;
   so.cutoff = 5.0;
-  at::manual_seed(0);
+  at::manual_seed(static_cast<uint64_t>(seed));
   SchNet model(so);
   const at::Tensor e0 = fit_reference_energies(train);
   const auto [scale, shift] = fit_energy_scale_shift(train, e0);

@@ -12,6 +12,7 @@ Needs a built tree, Debian's python3-ase, lmp and libkim-api-dev.
 """
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -38,6 +39,8 @@ def main():
     ap.add_argument("--deploy-reps", default="4,8,16,32")
     ap.add_argument("--train-reps", default="4,8,12,16")
     ap.add_argument("--train-steps", type=int, default=60)
+    ap.add_argument("--bf16-steps", type=int, default=300, help="SchNet training steps of the bf16 section")
+    ap.add_argument("--bf16-seeds", default="0,1,2", help="SchNet initial-weight seeds of the bf16 section")
     ap.add_argument("--sections", default="inference,threads,training,bf16,train_threads,deploy",
                     help="comma-separated subset to run")
     a = ap.parse_args()
@@ -111,20 +114,31 @@ def main():
                       f"{us / base:>6.2f}x the smallest; {flops}", flush=True)
         print()
     if "bf16" in sections:
-        print(f"bf16-mixed against 32-true training (SchNet {a.train_steps} steps, MACE {a.train_steps // 2}, batch 8, "
-              "32-atom Cu cells, 1 thread; MAE on 50 held-out cells after those steps; SchNet width 64, "
-              "schnet128 width 128):")
+        seeds = [int(x) for x in a.bf16_seeds.split(",")]
+        print(f"bf16-mixed against 32-true training (batch 8, 32-atom Cu cells, 1 thread; SchNet width 64 and "
+              f"schnet128 width 128 (schnetpack's default), {a.bf16_steps} steps, initial weights from seeds "
+              f"{a.bf16_seeds}; MACE {a.train_steps // 2} steps, seed 0; MAE on 50 held-out cells after those "
+              "steps, averaged over the seeds: between seeds alone it differs by up to ~1.5x):")
         native = any(f in cpu_flags().split() for f in ("avx512_bf16", "amx_bf16"))
-        # SchNet also at width 128 (schnetpack's n_atom_basis = n_filters default):
-        # the GEMMs' share of a step, which bf16 speeds up, grows with the width.
-        wide = ("schnet128", trainers[0][1] + ["--width", "128"])
-        for name, cmd in (trainers[0], wide, trainers[1]):
-            tag = tags.get(name, "crucible")
-            r = {p: fields(last_line(run(cmd + ["--precision", p], env1), tag)) for p in ("32-true", "bf16-mixed")}
-            s32, s16 = float(r["32-true"]["structures_per_s"]), float(r["bf16-mixed"]["structures_per_s"])
-            mae = {p: (float(r[p]["energy_mae_mev_per_atom"]), float(r[p]["forces_mae_mev_per_a"])) for p in r}
+        # The GEMMs' share of a SchNet step, which bf16 speeds up, grows with the width.
+        schnet = [os.path.join(bench, "bench_schnet_training"), data, "--steps", str(a.bf16_steps)]
+        variants = (("schnet", schnet, seeds), ("schnet128", schnet + ["--width", "128"], seeds),
+                    ("mace", trainers[1][1], [None]))
+        for name, cmd, runs in variants:
+            rate = {"32-true": [], "bf16-mixed": []}
+            mae = {p: [0.0, 0.0] for p in rate}
+            for seed in runs:
+                extra = [] if seed is None else ["--seed", str(seed)]
+                for p in rate:  # the two precisions side by side for each seed
+                    f = fields(last_line(run(cmd + extra + ["--precision", p], env1), tags.get(name, "crucible")))
+                    rate[p].append(float(f["structures_per_s"]))
+                    mae[p][0] += float(f["energy_mae_mev_per_atom"]) / len(runs)
+                    mae[p][1] += float(f["forces_mae_mev_per_a"]) / len(runs)
+            ratios = sorted(x / y for x, y in zip(rate["bf16-mixed"], rate["32-true"]))
+            s32, s16 = statistics.median(rate["32-true"]), statistics.median(rate["bf16-mixed"])
             note = "" if native else " (this CPU emulates bf16: not measurable here)"
-            print(f"  {name:<9} 32-true {s32:.1f} structures/s, bf16-mixed {s16:.1f}: {s16 / s32:.2f}x{note}; "
+            print(f"  {name:<9} 32-true {s32:.1f} structures/s, bf16-mixed {s16:.1f}: "
+                  f"{statistics.median(ratios):.2f}x (per seed {ratios[0]:.2f}-{ratios[-1]:.2f}){note}; "
                   f"MAE E {mae['32-true'][0]:.1f} -> {mae['bf16-mixed'][0]:.1f} meV/atom "
                   f"({mae['bf16-mixed'][0] / mae['32-true'][0]:.2f}x), "
                   f"F {mae['32-true'][1]:.1f} -> {mae['bf16-mixed'][1]:.1f} meV/Å "
