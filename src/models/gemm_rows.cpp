@@ -6,6 +6,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <vector>
+
 namespace crucible {
 
 int64_t gemm_row_bucket(int64_t rows) {
@@ -24,13 +26,28 @@ bool cpu_bf16_gemm(const at::Tensor& x, const at::Tensor& weight) {
          at::isFloatingType(x.scalar_type());
 }
 
+namespace {
+
+// x cast to bfloat16 with dim 0 padded by zero rows to its bucket.
+at::Tensor padded_bf16(const at::Tensor& x) {
+  const int64_t rows = x.size(0), padded = gemm_row_bucket(rows);
+  at::Tensor xb = x.to(at::kBFloat16);
+  if (padded == rows) return xb;
+  std::vector<int64_t> pad(static_cast<size_t>(2 * x.dim()), 0);
+  pad.back() = padded - rows;  // constant_pad_nd's pairs run from the last dim to the first
+  return at::constant_pad_nd(xb, pad);
+}
+
+}  // namespace
+
 at::Tensor linear_bucketed_rows(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (x.dim() != 2 || !cpu_bf16_gemm(x, weight)) return at::linear(x, weight, bias);
-  const int64_t rows = x.size(0);
-  const int64_t padded = gemm_row_bucket(rows);
-  at::Tensor xb = x.to(at::kBFloat16);
-  if (padded != rows) xb = at::constant_pad_nd(xb, {0, 0, 0, padded - rows});
-  return at::linear(xb, weight, bias).narrow(0, 0, rows);
+  return at::linear(padded_bf16(x), weight, bias).narrow(0, 0, x.size(0));
+}
+
+at::Tensor matmul_bucketed_rows(const at::Tensor& x, const at::Tensor& w) {
+  if (x.dim() < 2 || w.dim() != 2 || !cpu_bf16_gemm(x, w)) return at::matmul(x, w);
+  return at::matmul(padded_bf16(x), w).narrow(0, 0, x.size(0));
 }
 
 }  // namespace crucible

@@ -76,5 +76,23 @@ TEST(GemmRows, PaddedBf16LinearEqualsAtLinearToSecondOrder) {
   EXPECT_TRUE(at::equal(linear_bucketed_rows(x0, w, b), at::linear(x0, w, b)));
 }
 
+TEST(GemmRows, PaddedBf16MatmulOfARank3InputEqualsAtMatmul) {
+  // MACE's [N, d, C] x [C, C'] products: dim 0 padded, the rest untouched.
+  at::manual_seed(5);
+  const int64_t N = 37;  // bucket 38
+  ASSERT_GT(gemm_row_bucket(N), N);
+  const at::Tensor x0 = at::randn({N, 3, 8}), w = at::randn({8, 6});
+  at::Tensor xa = x0.clone().requires_grad_(true), xb = x0.clone().requires_grad_(true);
+  AutocastGuard bf16(at::Device(at::kCPU), at::kBFloat16);
+  const at::Tensor ya = matmul_bucketed_rows(xa, w), yb = at::matmul(xb, w);
+  ASSERT_EQ(ya.sizes(), (at::IntArrayRef{N, 3, 6}));
+  EXPECT_TRUE(at::equal(ya, yb));
+  const at::Tensor up = at::randn({N, 3, 6});
+  const at::Tensor ga = torch::autograd::grad({(ya.to(at::kFloat) * up).sum()}, {xa})[0];
+  const at::Tensor gb = torch::autograd::grad({(yb.to(at::kFloat) * up).sum()}, {xb})[0];
+  EXPECT_TRUE(at::equal(ga, gb));
+  EXPECT_GT(ga.abs().max().item<double>(), 0.1);
+}
+
 }  // namespace
 }  // namespace crucible

@@ -216,7 +216,8 @@ std::vector<Structure> test_structures() {
 }
 
 TEST(MaceFastPath, EqualsTheAutogradReferenceToE10) {
-  for (const char* hidden : {"4x0e+4x1o", "3x0e+3x1o+3x2e"}) {
+  // 18 channels: the fused loops' 16-lane main loop and its tail (edge_contraction.cpp).
+  for (const char* hidden : {"4x0e+4x1o", "3x0e+3x1o+3x2e", "18x0e+18x1o"}) {
     MaceOptions o = small_options();
     o.hidden_irreps = hidden;
     Mace fast = make_model(o);

@@ -35,4 +35,11 @@ bool cpu_bf16_gemm(const at::Tensor& x, const at::Tensor& weight);
 /// at::linear unchanged. @throws c10::Error on mismatched shapes.
 at::Tensor linear_bucketed_rows(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
+/// y = x w: x [M, ..., in] (rank ≥ 2), w [in, out] → y [M, ..., out], as
+/// at::matmul, differentiable to any order. Where `cpu_bf16_gemm(x, w)`, x
+/// is cast to bfloat16 and its dim 0 padded with zero rows to
+/// gemm_row_bucket(M), and y is the first M rows. Elsewhere at::matmul.
+/// @throws c10::Error on mismatched shapes.
+at::Tensor matmul_bucketed_rows(const at::Tensor& x, const at::Tensor& w);
+
 }  // namespace crucible

@@ -7,6 +7,7 @@
 #include "crucible/models/chunk_parallel.h"
 #include "crucible/models/cfconv.h"
 #include "crucible/models/mace/radial.h"
+#include "crucible/models/gemm_rows.h"
 #include "crucible/models/mace/spherical_harmonics.h"
 
 #include <ATen/ATen.h>
@@ -60,7 +61,7 @@ at::Tensor linear_irreps(const at::Tensor& x, const Irreps& irreps, const std::v
   const auto parts_in = split_terms(x, irreps);
   std::vector<at::Tensor> parts;
   for (size_t a = 0; a < irreps.size(); ++a) {
-    parts.push_back(at::matmul(parts_in[a], W[a] * (1.0 / std::sqrt(static_cast<double>(W[a].size(0))))));
+    parts.push_back(matmul_bucketed_rows(parts_in[a], W[a] * (1.0 / std::sqrt(static_cast<double>(W[a].size(0))))));
   }
   return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
 }
@@ -72,9 +73,9 @@ at::Tensor linear_irreps(const at::Tensor& x, const Irreps& irreps, const std::v
 at::Tensor element_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& elem) {
   const int64_t nE = W.size(0), C = W.size(1), Co = W.size(2), N = x.size(0), d = x.size(1);
   const double norm = 1.0 / std::sqrt(static_cast<double>(nE * C));
-  if (nE == 1) return at::matmul(x, W[0] * norm);
+  if (nE == 1) return matmul_bucketed_rows(x, W[0] * norm);
   if (nE <= 8) {
-    const at::Tensor all = at::matmul(x, (W * norm).permute({1, 0, 2}).reshape({C, nE * Co})).view({N, d, nE, Co});
+    const at::Tensor all = matmul_bucketed_rows(x, (W * norm).permute({1, 0, 2}).reshape({C, nE * Co})).view({N, d, nE, Co});
     return all.gather(2, elem.view({N, 1, 1, 1}).expand({N, d, 1, Co})).squeeze(2);
   }
   return at::bmm(x, W.index_select(0, elem) * norm);
@@ -276,7 +277,7 @@ at::Tensor MaceImpl::radial_weights(int64_t t, const at::Tensor& edge_feats) con
   const std::vector<at::Tensor> W = radial_mlp_weights(t);
   at::Tensor h = edge_feats;
   for (size_t k = 0; k < W.size(); ++k) {
-    h = at::matmul(h, W[k]);
+    h = matmul_bucketed_rows(h, W[k]);
     if (k + 1 < W.size()) h = at::silu(h);
   }
   return h;
@@ -407,7 +408,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
     for (size_t pi = 0; pi < L.tp->paths().size(); ++pi)
       if (L.tp->paths()[pi].target_term == b) cols.push_back(agg_paths[pi]);
     const at::Tensor x = cols.size() == 1 ? cols[0] : at::cat(cols, 2);  // [N, d, P·C]
-    at::Tensor y = at::matmul(x, linear_[ts][b] * (inv_avg / std::sqrt(static_cast<double>(x.size(2)))));
+    at::Tensor y = matmul_bucketed_rows(x, linear_[ts][b] * (inv_avg / std::sqrt(static_cast<double>(x.size(2)))));
     if (t == 0) y = element_linear(keep(y), skip_[ts][b], elem);
     a_parts.push_back(keep(y));
   }
@@ -416,7 +417,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
   const std::vector<at::Tensor> prod = product_basis(t, A, elem, chunked);
   std::vector<at::Tensor> out;
   for (size_t b = 0; b < L.out.size(); ++b) {
-    at::Tensor y = keep(at::matmul(keep(prod[b]), product_linear_[ts][b] * (1.0 / std::sqrt(static_cast<double>(C)))));
+    at::Tensor y = keep(matmul_bucketed_rows(keep(prod[b]), product_linear_[ts][b] * (1.0 / std::sqrt(static_cast<double>(C)))));
     if (sc[b].defined()) y = y + sc[b];
     out.push_back(y);
   }
@@ -491,10 +492,10 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     at::Tensor e;
     const double inv_c = 1.0 / std::sqrt(static_cast<double>(channels_));
     if (R.size() == 1) {
-      e = at::matmul(s, R[0] * inv_c);
+      e = matmul_bucketed_rows(s, R[0] * inv_c);
     } else {
-      const at::Tensor hid = at::silu(at::matmul(s, R[0] * inv_c));
-      e = at::matmul(hid, R[1] * (mace::normalized_silu_factor() / std::sqrt(static_cast<double>(options_.readout_mlp))));
+      const at::Tensor hid = at::silu(matmul_bucketed_rows(s, R[0] * inv_c));
+      e = matmul_bucketed_rows(hid, R[1] * (mace::normalized_silu_factor() / std::sqrt(static_cast<double>(options_.readout_mlp))));
     }
     AutocastDisabledGuard no_autocast;
     e = e.squeeze(-1).to(geom);
