@@ -283,6 +283,20 @@ at::Tensor MaceImpl::radial_weights(int64_t t, const at::Tensor& edge_feats) con
   return h;
 }
 
+std::vector<at::Tensor> MaceImpl::radial_term_weights(int64_t t, const at::Tensor& edge_feats) const {
+  const std::vector<at::Tensor> W = radial_mlp_weights(t);
+  at::Tensor h = edge_feats;
+  for (size_t k = 0; k + 1 < W.size(); ++k) h = at::silu(matmul_bucketed_rows(h, W[k]));
+  const mace::ConvTensorProduct& tp = *layers_[static_cast<size_t>(t)].tp;
+  std::vector<at::Tensor> out;
+  for (size_t a = 0; a < tp.in().size(); ++a) {
+    const auto [first, count] = tp.term_path_range(a);
+    out.push_back(count == 0 ? at::Tensor()
+                             : matmul_bucketed_rows(h, W.back().narrow(1, first * channels_, count * channels_)));
+  }
+  return out;
+}
+
 std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, const at::Tensor& elem,
                                                 bool chunked) const {
   const Layer& L = layers_[static_cast<size_t>(t)];
@@ -354,7 +368,7 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
 
 at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::Tensor& elem_all, const at::Tensor& sender,
                                    const at::Tensor& receiver, const at::Tensor& Y, const at::Tensor& radial,
-                                   const std::vector<at::Tensor>* tables, const PairEdges* chunked, int64_t n_out) {
+                                   const TermEdges* fast, const PairEdges* chunked, int64_t n_out) {
   const Layer& L = layers_[static_cast<size_t>(t)];
   const size_t ts = static_cast<size_t>(t);
   // Messages come from all h_in.size(0) nodes; everything after the
@@ -383,9 +397,10 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
     // Inference path: `radial` holds the pair features; weights, tables and
     // messages are made chunk by chunk (issue 19).
     agg = mace::chunked_aggregate(hu, Y, radial, radial_mlp_weights(t), *L.tp, *chunked, inference_edge_chunk());
-  } else if (tables) {
-    const at::Tensor w = keep(radial).view({radial.size(0), L.tp->num_paths(), C});
-    agg = keep(L.tp->aggregate(hu, *tables, w, receiver, sender));
+  } else if (fast) {
+    std::vector<at::Tensor> w;
+    for (const at::Tensor& wa : fast->weights) w.push_back(wa.defined() ? keep(wa).view({wa.size(0), -1, C}) : wa);
+    agg = keep(L.tp->aggregate(hu, fast->tables, w, receiver, sender));
   } else {
     const at::Tensor w = keep(radial).view({radial.size(0), L.tp->num_paths(), C});
     const at::Tensor m = L.tp->messages_reference(hu.index_select(0, sender), Y, w);
@@ -478,13 +493,17 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
       pairs.update(edge_pair, pair_rep.size(0), batch.edge_index, feats, e_t);
       h = layer_forward(t, h, elem, send_t, recv_t, Y_t, pairs.values, nullptr, &pairs.edges, n_out);
     } else {
-      at::Tensor radial = radial_weights(t, feats);
-      radial = ref ? leading_rows(radial, e_t) : radial.index_select(0, leading_rows(edge_pair, e_t));
-      std::vector<at::Tensor> tables_t;
-      if (!ref) {
-        for (const auto& x : tables[static_cast<size_t>(t)]) tables_t.push_back(x.defined() ? leading_rows(x, e_t) : x);
+      if (ref) {
+        const at::Tensor radial = leading_rows(radial_weights(t, feats), e_t);
+        h = layer_forward(t, h, elem, send_t, recv_t, Y_t, radial, nullptr, nullptr, n_out);
+      } else {
+        // Per input term: its paths' radial weights (pairs → edges) and table.
+        TermEdges fast;
+        const at::Tensor pair_t = leading_rows(edge_pair, e_t);
+        for (const at::Tensor& w : radial_term_weights(t, feats)) fast.weights.push_back(w.defined() ? w.index_select(0, pair_t) : w);
+        for (const auto& x : tables[static_cast<size_t>(t)]) fast.tables.push_back(x.defined() ? leading_rows(x, e_t) : x);
+        h = layer_forward(t, h, elem, send_t, recv_t, Y_t, at::Tensor(), &fast, nullptr, n_out);
       }
-      h = layer_forward(t, h, elem, send_t, recv_t, Y_t, radial, ref ? nullptr : &tables_t, nullptr, n_out);
     }
     const auto& R = readout_[static_cast<size_t>(t)];
     const auto offs = layers_[static_cast<size_t>(t)].out.offsets();

@@ -5,6 +5,8 @@
 #include "crucible/models/mace/clebsch_gordan.h"
 #include "crucible/models/mace/edge_contraction.h"
 
+#include <c10/util/Exception.h>
+
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -68,6 +70,11 @@ ConvTensorProduct::ConvTensorProduct(const Irreps& in, int max_ell, const Irreps
     term_coupling_.push_back(m.reshape({Dsh, rows * d1}));
     term_row_path_.push_back(row_path);
   }
+  for (size_t a = 0; a < in.size(); ++a) {
+    const int64_t first = term_paths_[a].empty() ? 0 : static_cast<int64_t>(term_paths_[a].front());
+    term_path_range_.emplace_back(first, static_cast<int64_t>(term_paths_[a].size()));
+    term_row_local_path_.push_back(term_row_path_[a].defined() ? term_row_path_[a] - first : at::Tensor());
+  }
 }
 
 std::vector<at::Tensor> ConvTensorProduct::edge_tables(const at::Tensor& Y) const {
@@ -86,18 +93,23 @@ std::vector<at::Tensor> ConvTensorProduct::edge_tables(const at::Tensor& Y) cons
 }
 
 at::Tensor ConvTensorProduct::aggregate(const at::Tensor& x, const std::vector<at::Tensor>& tables,
-                                        const at::Tensor& weights, const at::Tensor& receiver,
+                                        const std::vector<at::Tensor>& term_weights, const at::Tensor& receiver,
                                         const at::Tensor& sender) const {
+  TORCH_CHECK(tables.size() == in_.size() && term_weights.size() == in_.size(),
+              "ConvTensorProduct::aggregate: one table and one weight tensor per input term expected");
   const auto offsets = in_.offsets();
-  const int64_t N = x.size(0), C = x.size(2), P = weights.size(1);
+  const int64_t N = x.size(0), C = x.size(2);
   std::vector<at::Tensor> parts;
   for (size_t a = 0; a < in_.size(); ++a) {
     if (!tables[a].defined()) continue;
     const int64_t d1 = in_.terms()[a].irrep.dim();
     const at::Tensor xa = x.narrow(1, offsets[a], d1);
-    const at::Tensor path = term_row_path_[a].to(x.device());
-    parts.push_back(edge_contraction(EdgeSlot::kMessage, at::Tensor(), weights, tables[a], xa, receiver, sender, path,
-                                     N, P, path.size(0), d1, C));
+    const at::Tensor path = term_row_local_path_[a].to(x.device());
+    const int64_t count = term_path_range_[a].second;
+    TORCH_CHECK(term_weights[a].defined() && term_weights[a].dim() == 3 && term_weights[a].size(1) == count,
+                "ConvTensorProduct::aggregate: term ", a, " weights must be [E, ", count, ", C]");
+    parts.push_back(edge_contraction(EdgeSlot::kMessage, at::Tensor(), term_weights[a], tables[a], xa, receiver,
+                                     sender, path, N, count, path.size(0), d1, C));
   }
   return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
 }

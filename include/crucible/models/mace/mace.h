@@ -108,10 +108,20 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   /// Interaction t: messages from every row of `h_in` along the given
   /// edges, node updates for its first `n_out` rows (-1 = all;
   /// Batch::layer_nodes), which the result [n_out, D, C] holds.
+  /// The training fast path's edge inputs of one layer: per input term its
+  /// coupling table [E, rows, 2l1+1] and its paths' radial weights [E, count, C].
+  struct TermEdges {
+    std::vector<at::Tensor> tables, weights;
+  };
+  /// `radial`: the per-edge weights [E, P·C] (reference path) or the pair
+  /// features (inference path, `chunked`); unused when `fast` is given.
   at::Tensor layer_forward(int64_t t, const at::Tensor& h_in, const at::Tensor& elem_all, const at::Tensor& sender,
                            const at::Tensor& receiver, const at::Tensor& Y, const at::Tensor& radial,
-                           const std::vector<at::Tensor>* tables, const PairEdges* chunked = nullptr,
-                           int64_t n_out = -1);
+                           const TermEdges* fast, const PairEdges* chunked = nullptr, int64_t n_out = -1);
+  /// The radial MLP of layer t split at its last layer by input term:
+  /// per term [rows of edge_feats, count · C] (its paths' columns), undefined
+  /// for a term without paths. Sums to radial_weights column-wise.
+  std::vector<at::Tensor> radial_term_weights(int64_t t, const at::Tensor& edge_feats) const;
   /// The radial MLP's weights of layer t with their scales folded in.
   std::vector<at::Tensor> radial_mlp_weights(int64_t t) const;
 

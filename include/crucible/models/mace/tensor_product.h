@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace crucible::mace {
@@ -55,13 +56,21 @@ class ConvTensorProduct {
   /// term has no path), in Y's dtype.
   std::vector<at::Tensor> edge_tables(const at::Tensor& Y) const;
 
+  /// Input term a's paths: the indices [first, first + count) of paths()
+  /// (a term's paths are consecutive).
+  std::pair<int64_t, int64_t> term_path_range(size_t a) const { return term_path_range_[a]; }
+
   /// Fast path: the aggregated messages
   ///   A[n, row, c] = Σ_{e: receiver e = n} w[e, path(row), c] Σ_i T[e, row, i] x[sender e, i, c]
   /// by one fused edge_contraction per input term (no per-edge temporaries).
-  /// x [N, D_in, C]; tables from edge_tables (in x's dtype); weights
-  /// [E, P, C]; receiver / sender [E]. Returns [N, mid_dim, C].
-  at::Tensor aggregate(const at::Tensor& x, const std::vector<at::Tensor>& tables, const at::Tensor& weights,
-                       const at::Tensor& receiver, const at::Tensor& sender) const;
+  /// x [N, D_in, C]; tables from edge_tables (in x's dtype); term_weights:
+  /// per input term its paths' weights [E, count, C] (term_path_range;
+  /// undefined for a term without paths), so that no [E, P, C] tensor is
+  /// shared by the terms and the backward adds none; receiver / sender [E].
+  /// Returns [N, mid_dim, C]. @throws c10::Error on mismatched shapes.
+  at::Tensor aggregate(const at::Tensor& x, const std::vector<at::Tensor>& tables,
+                       const std::vector<at::Tensor>& term_weights, const at::Tensor& receiver,
+                       const at::Tensor& sender) const;
 
   /// Reference path: per-edge messages [E, mid_dim, C] with a dense einsum
   /// per path (autograd only); x_sender [E, D_in, C], Y the harmonics.
@@ -75,6 +84,8 @@ class ConvTensorProduct {
   std::vector<std::vector<size_t>> term_paths_;  // per input term: its paths
   std::vector<at::Tensor> term_coupling_;        // per input term: [Dsh, rows·(2l1+1)] float64
   std::vector<at::Tensor> term_row_path_;        // per input term: [rows] path index
+  std::vector<at::Tensor> term_row_local_path_;  // per input term: [rows] path index - first
+  std::vector<std::pair<int64_t, int64_t>> term_path_range_;  // per input term: first path, count
   int64_t mid_dim_ = 0;
 };
 
