@@ -120,6 +120,28 @@ TEST(FastPath, PairFilterCfconvMatchesGatheredFiltersToSecondOrder) {
   EXPECT_THROW(cfconv_pairs(h, w, idx, idx, at::full({2}, 2, at::kLong)), c10::Error);
 }
 
+TEST(FastPath, EdgeProductOfTablesWithDifferentRowCountsToSecondOrder) {
+  // a [Na,K], b [Nb,K] (MACE's monomial rows times component rows): the
+  // derivatives land on each table's own rows.
+  const int64_t Na = 7, Nb = 3, E = 25, K = 6;
+  at::manual_seed(6);
+  const at::Tensor left = at::randint(0, Na, {E}, at::kLong), right = at::randint(0, Nb, {E}, at::kLong);
+  const at::Tensor a0 = at::randn({Na, K}, at::kDouble), b0 = at::randn({Nb, K}, at::kDouble);
+  const at::Tensor up = at::randn({E, K}, at::kDouble);
+  std::vector<at::Tensor> results[2];
+  for (int path = 0; path < 2; ++path) {
+    at::Tensor a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    at::Tensor p = path == 0 ? edge_product(a, b, left, right) : a.index_select(0, left) * b.index_select(0, right);
+    auto g = torch::autograd::grad({(p * up).sum()}, {a, b}, {}, true, true);
+    ASSERT_EQ(g[0].size(0), Na);
+    ASSERT_EQ(g[1].size(0), Nb);
+    at::Tensor q = (g[0] * a).pow(2).sum() + g[1].pow(3).sum();
+    auto gg = torch::autograd::grad({q}, {a, b});
+    results[path] = {p, g[0], g[1], gg[0], gg[1]};
+  }
+  expect_close(results[0], results[1], 1e-12, at::kDouble);
+}
+
 TEST(FastPath, Bf16CfconvSumsInFloatAndRoundsOnce) {
   // bf16 inputs: the fused kernels sum in float32 and round the result once,
   // so they equal the float32 sums of the same (bf16-exact) values rounded

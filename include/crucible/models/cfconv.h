@@ -19,7 +19,9 @@ namespace crucible {
 at::Tensor cfconv(const at::Tensor& h, const at::Tensor& W, const at::Tensor& receiver,
                   const at::Tensor& sender);
 
-/// P[e] = a[left[e]] ⊙ b[right[e]]: a, b [N,K], left/right [E] → P [E,K].
+/// P[e] = a[left[e]] ⊙ b[right[e]]: a [Na,K], b [Nb,K], left [E] in [0, Na),
+/// right [E] in [0, Nb) → P [E,K]. Rows need not be atoms: MACE's product
+/// basis multiplies monomial rows this way (symmetric_contraction.cpp).
 /// Derivatives: ∂/∂a = cfconv(b, g, left, right), ∂/∂b = cfconv(a, g, right, left).
 /// @throws c10::Error as cfconv.
 at::Tensor edge_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& left,

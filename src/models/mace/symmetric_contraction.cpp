@@ -2,6 +2,7 @@
 // include/crucible/models/mace/symmetric_contraction.h.
 
 #include "crucible/models/mace/symmetric_contraction.h"
+#include "crucible/models/cfconv.h"
 #include "crucible/models/mace/clebsch_gordan.h"
 
 #include <algorithm>
@@ -283,7 +284,13 @@ std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const Mo
       mono = xt.index_select(0, indices[0]);
     } else {
       const at::Tensor& par = indices[v];  // [M, 2]
-      mono = mono.index_select(0, par.select(1, 0)) * xt.index_select(0, par.select(1, 1));
+      // mono[m] = mono[par[m, 0]] ⊙ xt[par[m, 1]] as one fused gather-multiply
+      // (cfconv.h's edge_product over rows of N·C, derivatives of every order
+      // by the same fused loops): no gathered [M, N, C] copies, no scatter.
+      const at::Tensor prev = mono.reshape({mono.size(0), N * C});
+      mono = edge_product(prev, xt.view({xt.size(0), N * C}), par.select(1, 0).contiguous(),
+                          par.select(1, 1).contiguous())
+                 .view({-1, N, C});
     }
     if (!stacked_coeffs[v].defined()) continue;
     const at::Tensor B = at::mm(stacked_coeffs[v], mono.view({mono.size(0), N * C})).view({-1, N, C});  // [R, N, C]

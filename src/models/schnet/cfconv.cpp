@@ -66,23 +66,24 @@ void edge_product_kernel(const T* a, const T* b, const int64_t* left, const int6
 at::ScalarType sum_dtype(at::ScalarType t) { return t == at::kBFloat16 ? at::kFloat : t; }
 
 // W has one row per edge (pair undefined) or per pair (W [P,K], pair [E]).
+// out_rows: rows of the result (receivers index them); h's rows are the senders'.
 at::Tensor cfconv_forward(const at::Tensor& h, const at::Tensor& W, const at::Tensor& recv,
-                          const at::Tensor& send, const at::Tensor& pair) {
+                          const at::Tensor& send, const at::Tensor& pair, int64_t out_rows) {
   const int64_t E = recv.size(0);
   TORCH_CHECK(h.dim() == 2 && W.dim() == 2 && h.size(1) == W.size(1) && send.size(0) == E &&
                   (pair.defined() ? pair.size(0) == E : W.size(0) == E),
               "cfconv: h [N,K], W [E,K] (or [P,K] with edge_pair [E]), receiver/sender [E] expected");
   if (!fused_ok(h, W)) {
     const at::Tensor We = pair.defined() ? W.index_select(0, pair) : W;
-    return at::zeros_like(h).index_add(0, recv, h.index_select(0, send) * We);
+    return at::zeros({out_rows, h.size(1)}, h.options()).index_add(0, recv, h.index_select(0, send) * We);
   }
   const at::Tensor hc = h.contiguous(), wc = W.contiguous();
   const at::Tensor r = recv.contiguous(), s = send.contiguous();
-  check_indices(r, h.size(0), "cfconv receiver");
+  check_indices(r, out_rows, "cfconv receiver");
   check_indices(s, h.size(0), "cfconv sender");
   const at::Tensor pc = pair.defined() ? pair.contiguous() : at::Tensor();
   if (pc.defined()) check_indices(pc, W.size(0), "cfconv edge_pair");
-  at::Tensor out = at::zeros(hc.sizes(), hc.options().dtype(sum_dtype(hc.scalar_type())));
+  at::Tensor out = at::zeros({out_rows, hc.size(1)}, hc.options().dtype(sum_dtype(hc.scalar_type())));
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, hc.scalar_type(), "cfconv", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     cfconv_kernel<scalar_t, acc_t>(hc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), r.data_ptr<int64_t>(),
@@ -130,10 +131,10 @@ at::Tensor pair_or_none(const at::Tensor& pair, bool per_pair) { return per_pair
 struct Cfconv : public Function<Cfconv> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& W,
                             const at::Tensor& recv, const at::Tensor& send, const at::Tensor& pair,
-                            bool per_pair) {
+                            bool per_pair, int64_t out_rows) {
     ctx->save_for_backward({h, W, recv, send, pair});
     ctx->saved_data["per_pair"] = per_pair;
-    return cfconv_forward(h, W, recv, send, pair_or_none(pair, per_pair));
+    return cfconv_forward(h, W, recv, send, pair_or_none(pair, per_pair), out_rows);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads);
 };
@@ -152,8 +153,8 @@ struct EdgeProduct : public Function<EdgeProduct> {
     const at::Tensor& g = grads[0];
     at::Tensor ga, gb;
     const bool per_pair = ctx->saved_data["per_pair"].toBool();
-    if (ctx->needs_input_grad(0)) ga = Cfconv::apply(s[1], g, s[2], s[3], s[4], per_pair);
-    if (ctx->needs_input_grad(1)) gb = Cfconv::apply(s[0], g, s[3], s[2], s[4], per_pair);
+    if (ctx->needs_input_grad(0)) ga = Cfconv::apply(s[1], g, s[2], s[3], s[4], per_pair, s[0].size(0));
+    if (ctx->needs_input_grad(1)) gb = Cfconv::apply(s[0], g, s[3], s[2], s[4], per_pair, s[1].size(0));
     return {ga, gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -163,9 +164,9 @@ variable_list Cfconv::backward(AutogradContext* ctx, variable_list grads) {
   const at::Tensor& g = grads[0];
   at::Tensor gh, gW;
   const bool per_pair = ctx->saved_data["per_pair"].toBool();
-  if (ctx->needs_input_grad(0)) gh = Cfconv::apply(g, s[1], s[3], s[2], s[4], per_pair);
+  if (ctx->needs_input_grad(0)) gh = Cfconv::apply(g, s[1], s[3], s[2], s[4], per_pair, s[0].size(0));
   if (ctx->needs_input_grad(1)) gW = EdgeProduct::apply(g, s[0], s[2], s[3], s[4], per_pair, s[1].size(0));
-  return {gh, gW, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  return {gh, gW, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
 }
 
 at::Tensor no_pairs() { return at::empty({0}, at::kLong); }
@@ -175,14 +176,14 @@ at::Tensor no_pairs() { return at::empty({0}, at::kLong); }
 at::Tensor cfconv(const at::Tensor& h, const at::Tensor& W, const at::Tensor& receiver,
                   const at::Tensor& sender) {
   const auto dtype = at::result_type(h, W);
-  return Cfconv::apply(h.to(dtype), W.to(dtype), receiver, sender, no_pairs(), false);
+  return Cfconv::apply(h.to(dtype), W.to(dtype), receiver, sender, no_pairs(), false, h.size(0));
 }
 
 at::Tensor cfconv_pairs(const at::Tensor& h, const at::Tensor& W_pairs, const at::Tensor& receiver,
                         const at::Tensor& sender, const at::Tensor& edge_pair) {
   TORCH_CHECK(edge_pair.defined(), "cfconv_pairs: edge_pair [E] int64 expected");
   const auto dtype = at::result_type(h, W_pairs);
-  return Cfconv::apply(h.to(dtype), W_pairs.to(dtype), receiver, sender, edge_pair, true);
+  return Cfconv::apply(h.to(dtype), W_pairs.to(dtype), receiver, sender, edge_pair, true, h.size(0));
 }
 
 at::Tensor edge_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& left,
