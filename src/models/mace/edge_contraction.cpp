@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -19,6 +20,9 @@ using torch::autograd::variable_list;
 
 struct Sizes {
   int64_t N, E, P, R, D, C;
+  /// kWeights: `out` is uninitialised and each edge's [P, C] block is zeroed
+  /// just before it is summed into (in cache, not a separate pass).
+  bool fresh_weights = false;
 };
 
 // The loops vectorise over channels c; target_clones builds AVX-512, AVX2
@@ -85,6 +89,7 @@ inline void weights_loop(const S* __restrict g, const S* __restrict T, const S* 
   for (int64_t e = begin; e < end; ++e) {
     const S* __restrict xs = x + send[e] * D * C;
     const S* __restrict gr = g + recv[e] * R * C;
+    if (z.fresh_weights) std::fill(out + e * P * C, out + (e + 1) * P * C, S(0));
     for (int64_t r = 0; r < R; ++r) {
       const S* t = T + (e * R + r) * D;
       const S t0 = t[0];
@@ -287,12 +292,17 @@ at::Tensor contraction_forward(EdgeSlot slot, const at::Tensor& g, const at::Ten
     case EdgeSlot::kTable: shape = {z.E, z.R, z.D}; break;
     case EdgeSlot::kInput: shape = {z.N, z.D, z.C}; break;
   }
-  // The table slot is written in full; the others accumulate.
-  at::Tensor out = slot == EdgeSlot::kTable ? at::empty(shape, ref->options()) : at::zeros(shape, ref->options());
+  // The table slot is written in full and the weights slot zeroes each
+  // edge's block itself (a zero fill of [E, P, C] was 8% of a MACE training
+  // step in the profile); the node-shaped slots accumulate.
+  const bool whole = slot == EdgeSlot::kTable || slot == EdgeSlot::kWeights;
+  at::Tensor out = whole ? at::empty(shape, ref->options()) : at::zeros(shape, ref->options());
+  Sizes zs = z;
+  zs.fresh_weights = slot == EdgeSlot::kWeights;
   AT_DISPATCH_FLOATING_TYPES(ref->scalar_type(), "edge_contraction", [&] {
     auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<scalar_t>() : nullptr; };
     kernel<scalar_t>(slot, ptr(gc), ptr(wc), ptr(tc), ptr(xc), rc.data_ptr<int64_t>(), sc.data_ptr<int64_t>(),
-                     pc.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), z);
+                     pc.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), zs);
   });
   return out;
 }
