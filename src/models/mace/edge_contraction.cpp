@@ -23,7 +23,16 @@ struct Sizes {
   /// kWeights: `out` is uninitialised and each edge's [P, C] block is zeroed
   /// just before it is summed into (in cache, not a separate pass).
   bool fresh_weights = false;
+  /// Weight rows per pair (edge_contraction's w_pair): w row of edge e is
+  /// w_row[e]; the kWeights slot runs over pairs q, summing the edges
+  /// pair_order[pair_offsets[q] .. pair_offsets[q+1]). Null: one row per edge.
+  const int64_t* w_row = nullptr;
+  const int64_t* pair_order = nullptr;
+  const int64_t* pair_offsets = nullptr;
+  int64_t W = 0;  ///< rows of w: E, or the number of pairs
 };
+
+inline int64_t weight_row(const Sizes& z, int64_t e) { return z.w_row ? z.w_row[e] : e; }
 
 // The loops vectorise over channels c; target_clones builds AVX-512, AVX2
 // and baseline versions and picks one at load time (machines of one kind
@@ -41,7 +50,7 @@ inline void message_loop(const S* __restrict g, const S* __restrict w, const S* 
     S* __restrict o = out + recv[e] * R * C;
     for (int64_t r = 0; r < R; ++r) {
       const S* t = T + (e * R + r) * D;
-      const S* __restrict we = w + (e * P + path[r]) * C;
+      const S* __restrict we = w + (weight_row(z, e) * P + path[r]) * C;
       const S t0 = t[0];
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) acc[c] = t0 * xs[c];
@@ -67,7 +76,7 @@ inline void input_loop(const S* __restrict g, const S* __restrict w, const S* __
     S* __restrict o = out + send[e] * D * C;
     for (int64_t r = 0; r < R; ++r) {
       const S* t = T + (e * R + r) * D;
-      const S* __restrict we = w + (e * P + path[r]) * C;
+      const S* __restrict we = w + (weight_row(z, e) * P + path[r]) * C;
       const S* __restrict grr = gr + r * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) tmp[c] = we[c] * grr[c];
@@ -81,31 +90,47 @@ inline void input_loop(const S* __restrict g, const S* __restrict w, const S* __
   }
 }
 
+// out[row, p, c] += g[recv, r, c] Σ_i T[e, r, i] x[send, i, c] for edge e into
+// its weight row; with pairs, `begin`..`end` are pairs and each sums its edges.
+template <class S>
+inline void weights_edge(const S* __restrict g, const S* __restrict T, const S* __restrict x, const int64_t* recv,
+                         const int64_t* send, const int64_t* path, S* __restrict o, const Sizes& z, int64_t e,
+                         S* __restrict acc) {
+  const int64_t R = z.R, D = z.D, C = z.C;
+  const S* __restrict xs = x + send[e] * D * C;
+  const S* __restrict gr = g + recv[e] * R * C;
+  for (int64_t r = 0; r < R; ++r) {
+    const S* t = T + (e * R + r) * D;
+    const S t0 = t[0];
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) acc[c] = t0 * xs[c];
+    for (int64_t i = 1; i < D; ++i) {
+      const S ti = t[i];
+      const S* __restrict xi = xs + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) acc[c] += ti * xi[c];
+    }
+    S* __restrict orow = o + path[r] * C;
+    const S* __restrict grr = gr + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) orow[c] += grr[c] * acc[c];
+  }
+}
+
 template <class S>
 inline void weights_loop(const S* __restrict g, const S* __restrict T, const S* __restrict x, const int64_t* recv,
                          const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, int64_t begin,
                          int64_t end, S* __restrict acc) {
-  const int64_t R = z.R, D = z.D, C = z.C, P = z.P;
-  for (int64_t e = begin; e < end; ++e) {
-    const S* __restrict xs = x + send[e] * D * C;
-    const S* __restrict gr = g + recv[e] * R * C;
-    if (z.fresh_weights) std::fill(out + e * P * C, out + (e + 1) * P * C, S(0));
-    for (int64_t r = 0; r < R; ++r) {
-      const S* t = T + (e * R + r) * D;
-      const S t0 = t[0];
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) acc[c] = t0 * xs[c];
-      for (int64_t i = 1; i < D; ++i) {
-        const S ti = t[i];
-        const S* __restrict xi = xs + i * C;
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) acc[c] += ti * xi[c];
-      }
-      S* __restrict o = out + (e * P + path[r]) * C;
-      const S* __restrict grr = gr + r * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) o[c] += grr[c] * acc[c];
+  const int64_t PC = z.P * z.C;
+  for (int64_t q = begin; q < end; ++q) {
+    S* __restrict o = out + q * PC;
+    if (z.fresh_weights) std::fill(o, o + PC, S(0));
+    if (!z.w_row) {
+      weights_edge(g, T, x, recv, send, path, o, z, q, acc);
+      continue;
     }
+    for (int64_t k = z.pair_offsets[q]; k < z.pair_offsets[q + 1]; ++k)
+      weights_edge(g, T, x, recv, send, path, o, z, z.pair_order[k], acc);
   }
 }
 
@@ -138,7 +163,7 @@ inline void table_loop(const S* __restrict g, const S* __restrict w, const S* __
     const S* __restrict xs = x + send[e] * D * C;
     const S* __restrict gr = g + recv[e] * R * C;
     for (int64_t r = 0; r < R; ++r) {
-      const S* __restrict we = w + (e * P + path[r]) * C;
+      const S* __restrict we = w + (weight_row(z, e) * P + path[r]) * C;
       const S* __restrict grr = gr + r * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) tmp[c] = we[c] * grr[c];
@@ -226,7 +251,7 @@ void kernel(EdgeSlot slot, const S* g, const S* w, const S* T, const S* x, const
       break;
     }
     case EdgeSlot::kWeights: {  // out[e, p, c] += g[recv, r, c] Σ_i T[e, r, i] x[send, i, c]
-      at::parallel_for(0, z.E, 256, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, z.W, 256, [&](int64_t begin, int64_t end) {  // weight rows: edges or pairs
         std::vector<S> acc(static_cast<size_t>(z.C));
         weights_any(g, T, x, recv, send, path, out, z, begin, end, acc.data());
       });
@@ -243,8 +268,11 @@ void kernel(EdgeSlot slot, const S* g, const S* w, const S* T, const S* x, const
 }
 
 /// The same with tensor operations (other devices / dtypes).
-at::Tensor composite(EdgeSlot slot, const at::Tensor& g, const at::Tensor& w, const at::Tensor& T, const at::Tensor& x,
-                     const at::Tensor& recv, const at::Tensor& send, const at::Tensor& path, const Sizes& z) {
+/// `pair` [E] (undefined: one w row per edge) maps edges to w's rows.
+at::Tensor composite(EdgeSlot slot, const at::Tensor& g, const at::Tensor& w_rows, const at::Tensor& T,
+                     const at::Tensor& x, const at::Tensor& recv, const at::Tensor& send, const at::Tensor& path,
+                     const at::Tensor& pair, const Sizes& z) {
+  const at::Tensor w = pair.defined() && w_rows.defined() && w_rows.numel() > 0 ? w_rows.index_select(0, pair) : w_rows;
   switch (slot) {
     case EdgeSlot::kMessage: {
       const at::Tensor m = (T.unsqueeze(-1) * x.index_select(0, send).unsqueeze(1)).sum(2);  // [E, R, C]
@@ -257,7 +285,8 @@ at::Tensor composite(EdgeSlot slot, const at::Tensor& g, const at::Tensor& w, co
     }
     case EdgeSlot::kWeights: {
       const at::Tensor acc = (T.unsqueeze(-1) * x.index_select(0, send).unsqueeze(1)).sum(2);  // [E, R, C]
-      return at::zeros({z.E, z.P, z.C}, x.options()).index_add(1, path, acc * g.index_select(0, recv));
+      const at::Tensor per_edge = at::zeros({z.E, z.P, z.C}, x.options()).index_add(1, path, acc * g.index_select(0, recv));
+      return pair.defined() ? at::zeros({z.W, z.P, z.C}, x.options()).index_add(0, pair, per_edge) : per_edge;
     }
     case EdgeSlot::kTable: {
       const at::Tensor tmp = w.index_select(1, path) * g.index_select(0, recv);  // [E, R, C]
@@ -267,9 +296,12 @@ at::Tensor composite(EdgeSlot slot, const at::Tensor& g, const at::Tensor& w, co
   return at::Tensor();
 }
 
+/// pair / order / offsets: undefined, or the weight row of each edge and
+/// the edges grouped by it (group_edges_by_pair).
 at::Tensor contraction_forward(EdgeSlot slot, const at::Tensor& g, const at::Tensor& w, const at::Tensor& T,
                                const at::Tensor& x, const at::Tensor& recv, const at::Tensor& send,
-                               const at::Tensor& path, const Sizes& z) {
+                               const at::Tensor& path, const at::Tensor& pair, const at::Tensor& order,
+                               const at::Tensor& offsets, const Sizes& z) {
   const std::array<const at::Tensor*, 4> all{&g, &w, &T, &x};  // all[slot] is a placeholder
   const at::Tensor* ref = nullptr;
   for (int k = 0; k < 4; ++k)
@@ -281,14 +313,14 @@ at::Tensor contraction_forward(EdgeSlot slot, const at::Tensor& g, const at::Ten
                     all[static_cast<size_t>(k)]->device() == ref->device(),
                 "edge_contraction: all tensors must share dtype and device");
   }
-  if (!fused) return composite(slot, g, w, T, x, recv, send, path, z);
+  if (!fused) return composite(slot, g, w, T, x, recv, send, path, pair, z);
   const at::Tensor gc = g.defined() ? g.contiguous() : g, wc = w.defined() ? w.contiguous() : w;
   const at::Tensor tc = T.defined() ? T.contiguous() : T, xc = x.defined() ? x.contiguous() : x;
   const at::Tensor rc = recv.contiguous(), sc = send.contiguous(), pc = path.contiguous();
   std::vector<int64_t> shape;
   switch (slot) {
     case EdgeSlot::kMessage: shape = {z.N, z.R, z.C}; break;
-    case EdgeSlot::kWeights: shape = {z.E, z.P, z.C}; break;
+    case EdgeSlot::kWeights: shape = {z.W, z.P, z.C}; break;
     case EdgeSlot::kTable: shape = {z.E, z.R, z.D}; break;
     case EdgeSlot::kInput: shape = {z.N, z.D, z.C}; break;
   }
@@ -299,6 +331,15 @@ at::Tensor contraction_forward(EdgeSlot slot, const at::Tensor& g, const at::Ten
   at::Tensor out = whole ? at::empty(shape, ref->options()) : at::zeros(shape, ref->options());
   Sizes zs = z;
   zs.fresh_weights = slot == EdgeSlot::kWeights;
+  at::Tensor pairc, orderc, offsetsc;  // kept alive while the kernel runs
+  if (pair.defined()) {
+    pairc = pair.contiguous();
+    orderc = order.contiguous();
+    offsetsc = offsets.contiguous();
+    zs.w_row = pairc.data_ptr<int64_t>();
+    zs.pair_order = orderc.data_ptr<int64_t>();
+    zs.pair_offsets = offsetsc.data_ptr<int64_t>();
+  }
   AT_DISPATCH_FLOATING_TYPES(ref->scalar_type(), "edge_contraction", [&] {
     auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<scalar_t>() : nullptr; };
     kernel<scalar_t>(slot, ptr(gc), ptr(wc), ptr(tc), ptr(xc), rc.data_ptr<int64_t>(), sc.data_ptr<int64_t>(),
@@ -310,13 +351,19 @@ at::Tensor contraction_forward(EdgeSlot slot, const at::Tensor& g, const at::Ten
 struct EdgeContractionFn : public Function<EdgeContractionFn> {
   static at::Tensor forward(AutogradContext* ctx, int64_t slot, const at::Tensor& g, const at::Tensor& w,
                             const at::Tensor& T, const at::Tensor& x, const at::Tensor& recv, const at::Tensor& send,
-                            const at::Tensor& path, std::vector<int64_t> sizes) {
+                            const at::Tensor& path, const at::Tensor& pair, const at::Tensor& order,
+                            const at::Tensor& offsets, std::vector<int64_t> sizes) {
     ctx->saved_data["slot"] = slot;
     ctx->saved_data["sizes"] = sizes;
-    // The slot's own argument is an empty placeholder.
-    ctx->save_for_backward({g, w, T, x, recv, send, path});
-    const Sizes z{sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5]};
-    return contraction_forward(static_cast<EdgeSlot>(slot), g, w, T, x, recv, send, path, z);
+    // The slot's own argument is an empty placeholder; so are pair / order /
+    // offsets without weight pairs (sizes[7] = 0).
+    ctx->save_for_backward({g, w, T, x, recv, send, path, pair, order, offsets});
+    Sizes z{sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5]};
+    z.W = sizes[6];
+    const bool paired = sizes[7] != 0;
+    return contraction_forward(static_cast<EdgeSlot>(slot), g, w, T, x, recv, send, path,
+                               paired ? pair : at::Tensor(), paired ? order : at::Tensor(),
+                               paired ? offsets : at::Tensor(), z);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -325,13 +372,13 @@ struct EdgeContractionFn : public Function<EdgeContractionFn> {
     auto s = ctx->get_saved_variables();
     std::array<at::Tensor, 4> t{s[0], s[1], s[2], s[3]};
     t[static_cast<size_t>(slot)] = grads[0];  // the cotangent takes the differentiated slot
-    variable_list out(9);
+    variable_list out(12);
     for (int64_t k = 0; k < 4; ++k) {
       if (k == slot || !ctx->needs_input_grad(static_cast<size_t>(k))) continue;
       std::array<at::Tensor, 4> args = t;
       args[static_cast<size_t>(k)] = at::empty({0}, s[4].options().dtype(grads[0].scalar_type()));
       out[static_cast<size_t>(1 + k)] =
-          EdgeContractionFn::apply(k, args[0], args[1], args[2], args[3], s[4], s[5], s[6], sizes);
+          EdgeContractionFn::apply(k, args[0], args[1], args[2], args[3], s[4], s[5], s[6], s[7], s[8], s[9], sizes);
     }
     return out;
   }
@@ -342,24 +389,33 @@ struct EdgeContractionFn : public Function<EdgeContractionFn> {
 at::Tensor edge_contraction(EdgeSlot slot, const at::Tensor& g, const at::Tensor& w, const at::Tensor& T,
                             const at::Tensor& x, const at::Tensor& receiver, const at::Tensor& sender,
                             const at::Tensor& row_path, int64_t num_nodes, int64_t num_paths, int64_t rows,
-                            int64_t dim, int64_t channels) {
+                            int64_t dim, int64_t channels, const PairEdges* w_pairs) {
   const int64_t E = receiver.size(0);
+  const int64_t W = w_pairs ? w_pairs->offsets.size(0) - 1 : E;  // rows of w
+  if (w_pairs) {
+    TORCH_CHECK(w_pairs->edge_pair.size(0) == E && w_pairs->order.size(0) == E && w_pairs->offsets.device().is_cpu(),
+                "edge_contraction: w_pairs must group the E edges (group_edges_by_pair)");
+  }
   TORCH_CHECK(sender.size(0) == E && row_path.size(0) == rows, "edge_contraction: index sizes do not match");
   if (g.defined() && slot != EdgeSlot::kMessage)
     TORCH_CHECK(g.dim() == 3 && g.size(0) == num_nodes && g.size(1) == rows && g.size(2) == channels, "edge_contraction: g must be [N, R, C]");
   if (w.defined() && slot != EdgeSlot::kWeights)
-    TORCH_CHECK(w.dim() == 3 && w.size(0) == E && w.size(1) == num_paths && w.size(2) == channels, "edge_contraction: w must be [E, P, C]");
+    TORCH_CHECK(w.dim() == 3 && w.size(0) == W && w.size(1) == num_paths && w.size(2) == channels,
+                "edge_contraction: w must be [E, P, C] (or [pairs, P, C] with w_pairs)");
   if (T.defined() && slot != EdgeSlot::kTable)
     TORCH_CHECK(T.dim() == 3 && T.size(0) == E && T.size(1) == rows && T.size(2) == dim, "edge_contraction: T must be [E, R, D]");
   if (x.defined() && slot != EdgeSlot::kInput)
     TORCH_CHECK(x.dim() == 3 && x.size(0) == num_nodes && x.size(1) == dim && x.size(2) == channels, "edge_contraction: x must be [N, D, C]");
-  const std::vector<int64_t> sizes{num_nodes, E, num_paths, rows, dim, channels};
+  const std::vector<int64_t> sizes{num_nodes, E, num_paths, rows, dim, channels, W, w_pairs ? 1 : 0};
+  const at::Tensor none = at::empty({0}, receiver.options());
   // The slot's own argument: an empty placeholder (autograd functions take
   // no undefined tensors).
   const at::Tensor any = slot == EdgeSlot::kWeights ? x : w;
   auto arg = [&](EdgeSlot k, const at::Tensor& t) { return k == slot ? at::empty({0}, any.options()) : t; };
   return EdgeContractionFn::apply(static_cast<int64_t>(slot), arg(EdgeSlot::kMessage, g), arg(EdgeSlot::kWeights, w),
-                                  arg(EdgeSlot::kTable, T), arg(EdgeSlot::kInput, x), receiver, sender, row_path, sizes);
+                                  arg(EdgeSlot::kTable, T), arg(EdgeSlot::kInput, x), receiver, sender, row_path,
+                                  w_pairs ? w_pairs->edge_pair : none, w_pairs ? w_pairs->order : none,
+                                  w_pairs ? w_pairs->offsets : none, sizes);
 }
 
 void edge_contraction_accumulate(EdgeSlot slot, at::Tensor& out, const at::Tensor& g, const at::Tensor& w,
@@ -367,6 +423,7 @@ void edge_contraction_accumulate(EdgeSlot slot, at::Tensor& out, const at::Tenso
                                  const at::Tensor& sender, const at::Tensor& row_path) {
   Sizes z{};
   z.E = receiver.size(0);
+  z.W = z.E;
   z.R = row_path.size(0);
   z.C = slot == EdgeSlot::kTable ? (x.defined() ? x.size(2) : g.size(2)) : out.size(2);
   z.D = x.defined() ? x.size(1) : (T.defined() ? T.size(2) : out.size(1));
@@ -380,7 +437,7 @@ void edge_contraction_accumulate(EdgeSlot slot, at::Tensor& out, const at::Tenso
     TORCH_CHECK(!fused || t->is_contiguous(), "edge_contraction_accumulate: CPU tensors must be contiguous");
   }
   if (!fused) {
-    const at::Tensor r = composite(slot, g, w, T, x, receiver, sender, row_path, z);
+    const at::Tensor r = composite(slot, g, w, T, x, receiver, sender, row_path, at::Tensor(), z);
     if (slot == EdgeSlot::kTable) out.copy_(r);
     else out.add_(r);
     return;

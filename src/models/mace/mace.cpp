@@ -400,7 +400,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
   } else if (fast) {
     std::vector<at::Tensor> w;
     for (const at::Tensor& wa : fast->weights) w.push_back(wa.defined() ? keep(wa).view({wa.size(0), -1, C}) : wa);
-    agg = keep(L.tp->aggregate(hu, fast->tables, w, receiver, sender));
+    agg = keep(L.tp->aggregate(hu, fast->tables, w, receiver, sender, &fast->pairs));
   } else {
     const at::Tensor w = keep(radial).view({radial.size(0), L.tp->num_paths(), C});
     const at::Tensor m = L.tp->messages_reference(hu.index_select(0, sender), Y, w);
@@ -497,10 +497,12 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
         const at::Tensor radial = leading_rows(radial_weights(t, feats), e_t);
         h = layer_forward(t, h, elem, send_t, recv_t, Y_t, radial, nullptr, nullptr, n_out);
       } else {
-        // Per input term: its paths' radial weights (pairs → edges) and table.
+        // Per input term: its paths' radial weights, one row per distance
+        // pair (the edge contraction reads each edge's pair row), and table.
         TermEdges fast;
-        const at::Tensor pair_t = leading_rows(edge_pair, e_t);
-        for (const at::Tensor& w : radial_term_weights(t, feats)) fast.weights.push_back(w.defined() ? w.index_select(0, pair_t) : w);
+        fast.pairs = group_edges_by_pair(leading_rows(edge_pair, e_t), pair_rep.size(0),
+                                         batch.edge_index.slice(1, 0, e_t));
+        fast.weights = radial_term_weights(t, feats);
         for (const auto& x : tables[static_cast<size_t>(t)]) fast.tables.push_back(x.defined() ? leading_rows(x, e_t) : x);
         h = layer_forward(t, h, elem, send_t, recv_t, Y_t, at::Tensor(), &fast, nullptr, n_out);
       }

@@ -94,7 +94,7 @@ std::vector<at::Tensor> ConvTensorProduct::edge_tables(const at::Tensor& Y) cons
 
 at::Tensor ConvTensorProduct::aggregate(const at::Tensor& x, const std::vector<at::Tensor>& tables,
                                         const std::vector<at::Tensor>& term_weights, const at::Tensor& receiver,
-                                        const at::Tensor& sender) const {
+                                        const at::Tensor& sender, const PairEdges* w_pairs) const {
   TORCH_CHECK(tables.size() == in_.size() && term_weights.size() == in_.size(),
               "ConvTensorProduct::aggregate: one table and one weight tensor per input term expected");
   const auto offsets = in_.offsets();
@@ -107,9 +107,9 @@ at::Tensor ConvTensorProduct::aggregate(const at::Tensor& x, const std::vector<a
     const at::Tensor path = term_row_local_path_[a].to(x.device());
     const int64_t count = term_path_range_[a].second;
     TORCH_CHECK(term_weights[a].defined() && term_weights[a].dim() == 3 && term_weights[a].size(1) == count,
-                "ConvTensorProduct::aggregate: term ", a, " weights must be [E, ", count, ", C]");
+                "ConvTensorProduct::aggregate: term ", a, " weights must be [E or pairs, ", count, ", C]");
     parts.push_back(edge_contraction(EdgeSlot::kMessage, at::Tensor(), term_weights[a], tables[a], xa, receiver,
-                                     sender, path, N, count, path.size(0), d1, C));
+                                     sender, path, N, count, path.size(0), d1, C, w_pairs));
   }
   return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
 }

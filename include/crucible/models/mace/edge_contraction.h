@@ -2,6 +2,8 @@
 // The fused gather - tensor product - scatter of MACE's interaction with
 // hand-written derivatives of every order (issue 16, deliverable 3).
 
+#include "crucible/models/filter_convolution.h"
+
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -34,11 +36,17 @@ enum class EdgeSlot : int {
 /// @param row_path [R] int64 path of each row, in [0, P).
 /// @param num_nodes N; @param num_paths P; @param rows R; @param dim D;
 ///        @param channels C (the sizes of the missing slot).
+/// @param w_pairs optional: w holds one row per distance pair, [pairs, P, C],
+///        and edge e reads row w_pairs->edge_pair[e] (an edge and its reverse
+///        share their radial weights); the kWeights slot then returns
+///        [pairs, P, C], each pair summing its edges (w_pairs->order /
+///        offsets, group_edges_by_pair of these E edges, offsets on the CPU).
+///        Saves the [E, P, C] gather and its scatter in the backward.
 /// @throws c10::Error for mismatched shapes, devices or dtypes.
 at::Tensor edge_contraction(EdgeSlot slot, const at::Tensor& g, const at::Tensor& w, const at::Tensor& T,
                             const at::Tensor& x, const at::Tensor& receiver, const at::Tensor& sender,
                             const at::Tensor& row_path, int64_t num_nodes, int64_t num_paths, int64_t rows,
-                            int64_t dim, int64_t channels);
+                            int64_t dim, int64_t channels, const PairEdges* w_pairs = nullptr);
 
 /// Accumulating form without autograd, for the inference path's edge
 /// chunks (issue 19): `out` += the slot's derivative over the edges given

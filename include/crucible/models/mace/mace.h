@@ -111,7 +111,8 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   /// The training fast path's edge inputs of one layer: per input term its
   /// coupling table [E, rows, 2l1+1] and its paths' radial weights [E, count, C].
   struct TermEdges {
-    std::vector<at::Tensor> tables, weights;
+    std::vector<at::Tensor> tables, weights;  ///< weights: [pairs, count·C], one row per distance pair
+    PairEdges pairs;                          ///< the layer's edges grouped by pair
   };
   /// `radial`: the per-edge weights [E, P·C] (reference path) or the pair
   /// features (inference path, `chunked`); unused when `fast` is given.

@@ -5,6 +5,8 @@
 
 #include "crucible/models/mace/irreps.h"
 
+#include "crucible/models/filter_convolution.h"
+
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -67,10 +69,12 @@ class ConvTensorProduct {
   /// per input term its paths' weights [E, count, C] (term_path_range;
   /// undefined for a term without paths), so that no [E, P, C] tensor is
   /// shared by the terms and the backward adds none; receiver / sender [E].
-  /// Returns [N, mid_dim, C]. @throws c10::Error on mismatched shapes.
+  /// With `w_pairs` the weights hold one row per distance pair, [pairs,
+  /// count, C] (edge_contraction's w_pairs). Returns [N, mid_dim, C].
+  /// @throws c10::Error on mismatched shapes.
   at::Tensor aggregate(const at::Tensor& x, const std::vector<at::Tensor>& tables,
                        const std::vector<at::Tensor>& term_weights, const at::Tensor& receiver,
-                       const at::Tensor& sender) const;
+                       const at::Tensor& sender, const PairEdges* w_pairs = nullptr) const;
 
   /// Reference path: per-edge messages [E, mid_dim, C] with a dense einsum
   /// per path (autograd only); x_sender [E, D_in, C], Y the harmonics.

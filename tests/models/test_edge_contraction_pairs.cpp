@@ -1,0 +1,69 @@
+// Issue 19: MACE's edge contraction with one radial-weight row per distance
+// pair equals the contraction with the weights gathered to edges, for every
+// slot and through second derivatives, on 1 and 2 threads.
+
+#include "crucible/models/filter_convolution.h"
+#include "crucible/models/mace/edge_contraction.h"
+
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+namespace crucible::mace {
+namespace {
+
+double rel(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>() / std::max(1e-300, b.abs().max().item<double>());
+}
+
+TEST(EdgeContractionPairs, PairRowsEqualGatheredRowsToSecondOrder) {
+  const int threads = at::get_num_threads();
+  for (int nt : {1, 2}) {
+    at::set_num_threads(nt);
+    at::manual_seed(7);
+    const int64_t N = 6, E = 700, Pp = 300, P = 3, R = 5, D = 3, C = 18;
+    const at::Tensor recv = at::randint(0, N, {E}, at::kLong), send = at::randint(0, N, {E}, at::kLong);
+    const at::Tensor pair = at::randint(0, Pp, {E}, at::kLong);
+    const at::Tensor row_path = at::tensor(std::vector<int64_t>{0, 0, 1, 2, 2}, at::kLong);
+    const PairEdges grouped = group_edges_by_pair(pair, Pp, at::stack({recv, send}));
+    const auto opt = at::TensorOptions().dtype(at::kDouble);
+    const at::Tensor g0 = at::randn({N, R, C}, opt), wp0 = at::randn({Pp, P, C}, opt);
+    const at::Tensor T0 = at::randn({E, R, D}, opt), x0 = at::randn({N, D, C}, opt);
+    // Each slot given the other three: pairs against gathered weights.
+    const at::Tensor we = wp0.index_select(0, pair);
+    for (EdgeSlot slot : {EdgeSlot::kMessage, EdgeSlot::kInput, EdgeSlot::kTable}) {
+      const at::Tensor a = edge_contraction(slot, g0, wp0, T0, x0, recv, send, row_path, N, P, R, D, C, &grouped);
+      const at::Tensor b = edge_contraction(slot, g0, we, T0, x0, recv, send, row_path, N, P, R, D, C);
+      EXPECT_LT(rel(a, b), 1e-12) << "slot " << static_cast<int>(slot) << " threads " << nt;
+    }
+    // kWeights: per pair, the sum of its edges' rows.
+    const at::Tensor gw = edge_contraction(EdgeSlot::kWeights, g0, at::Tensor(), T0, x0, recv, send, row_path, N, P, R,
+                                           D, C, &grouped);
+    ASSERT_EQ(gw.sizes(), (at::IntArrayRef{Pp, P, C}));
+    const at::Tensor ge = edge_contraction(EdgeSlot::kWeights, g0, at::Tensor(), T0, x0, recv, send, row_path, N, P, R,
+                                           D, C);
+    EXPECT_LT(rel(gw, at::zeros({Pp, P, C}, opt).index_add(0, pair, ge)), 1e-12) << "threads " << nt;
+    // Second order through the message slot: d/dw and d/dT of a loss of the
+    // first derivative with respect to x.
+    std::vector<at::Tensor> results[2];
+    for (int path = 0; path < 2; ++path) {
+      at::Tensor wp = wp0.clone().requires_grad_(true), T = T0.clone().requires_grad_(true);
+      at::Tensor x = x0.clone().requires_grad_(true);
+      const at::Tensor A = path == 0
+          ? edge_contraction(EdgeSlot::kMessage, at::Tensor(), wp, T, x, recv, send, row_path, N, P, R, D, C, &grouped)
+          : edge_contraction(EdgeSlot::kMessage, at::Tensor(), wp.index_select(0, pair), T, x, recv, send, row_path, N,
+                             P, R, D, C);
+      const at::Tensor gx = torch::autograd::grad({(A * g0).sum()}, {x}, {}, true, true)[0];
+      auto gg = torch::autograd::grad({gx.pow(2).sum()}, {wp, T});
+      results[path] = {A, gx, gg[0], gg[1]};
+    }
+    for (size_t k = 0; k < results[0].size(); ++k) {
+      EXPECT_GT(results[1][k].abs().max().item<double>(), 0.0) << k;
+      EXPECT_LT(rel(results[0][k], results[1][k]), 1e-12) << "quantity " << k << " threads " << nt;
+    }
+  }
+  at::set_num_threads(threads);
+}
+
+}  // namespace
+}  // namespace crucible::mace
