@@ -15,9 +15,9 @@
 #include "crucible/training/blas_kernels.h"
 #include "crucible/training/metrics.h"
 #include "crucible/training/strategy.h"
+#include "op_profile.h"
 
 #include <ATen/Parallel.h>
-#include <torch/csrc/autograd/profiler_legacy.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -47,18 +47,18 @@ int main(int argc, char** argv) {
   select_blas_kernels(argc, argv);  // as crucible's main does
   tune_allocator_for_training();  // first, as crucible's main does
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s DATA.extxyz [--steps N] [--precision P] [--valid N] [--threads N] [--width K] [--seed S] [--profile TRACE.json]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DATA.extxyz [--steps N] [--precision P] [--valid N] [--threads N] [--width K] [--seed S] [--profile K]\n", argv[0]);
     return 1;
   }
   std::string data_path = argv[1], precision = "32-true";
   int64_t steps = 200, n_valid = 50, threads = 1;
   int64_t width = 64;  // --width: hidden_channels = num_filters (schnetpack's default is 128)
   int64_t seed = 0;  // --seed: the initial weights (the spread of the MAE between seeds)
-  std::string profile_path;  // --profile FILE: a chrome trace of every op (legacy profiler)
+  int64_t profile_ops = 0;  // --profile K: the K ops (with input shapes) that took the most time, on stderr
   for (int k = 2; k + 1 < argc; k += 2) {
     const std::string key = argv[k], value = argv[k + 1];
     if (key == "--steps") steps = std::atoll(value.c_str());
-    else if (key == "--profile") profile_path = value;
+    else if (key == "--profile") profile_ops = std::atoll(value.c_str());
     else if (key == "--width") width = std::atoll(value.c_str());
     else if (key == "--seed") seed = std::atoll(value.c_str());
     else if (key == "--precision") precision = value;
@@ -117,11 +117,9 @@ int main(int argc, char** argv) {
         if (ctx.batch_count == std::min<int64_t>(50, steps)) rss_early = current_rss_kib();
       }));
   DataLoader loader(train_ds, {8, true, 0, true});
-  {
-    std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
-    if (!profile_path.empty()) profile = std::make_unique<torch::autograd::profiler::RecordProfile>(profile_path);
-    strategy.run(loader);
-  }
+  if (profile_ops > 0) crucible::bench::start_op_profile();
+  strategy.run(loader);
+  if (profile_ops > 0) crucible::bench::stop_op_profile(stderr, static_cast<size_t>(profile_ops));
   const long rss_end = current_rss_kib();
   std::sort(times.begin(), times.end());
   const double ms = 1e3 * times[times.size() / 2];

@@ -42,11 +42,13 @@ at::Tensor padded_bf16(const at::Tensor& x) {
 
 at::Tensor linear_bucketed_rows(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (x.dim() != 2 || !cpu_bf16_gemm(x, weight)) return at::linear(x, weight, bias);
+  if (gemm_row_bucket(x.size(0)) == x.size(0)) return at::linear(x, weight, bias);  // no pad, no slice
   return at::linear(padded_bf16(x), weight, bias).narrow(0, 0, x.size(0));
 }
 
 at::Tensor matmul_bucketed_rows(const at::Tensor& x, const at::Tensor& w) {
   if (x.dim() < 2 || w.dim() != 2 || !cpu_bf16_gemm(x, w)) return at::matmul(x, w);
+  if (gemm_row_bucket(x.size(0)) == x.size(0)) return at::matmul(x, w);
   return at::matmul(padded_bf16(x), w).narrow(0, 0, x.size(0));
 }
 

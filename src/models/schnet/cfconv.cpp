@@ -10,6 +10,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace crucible {
@@ -32,35 +34,73 @@ void check_indices(const at::Tensor& idx, int64_t n, const char* what) {
   }
 }
 
+// A value in the sum's type. bfloat16 is the upper half of a float32: a
+// shift the compiler vectorises (c10::BFloat16's conversion did not, and the
+// bf16 kernels ran slower than the float32 ones).
+inline float widen(c10::BFloat16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float widen(float v) { return v; }
+inline double widen(double v) { return v; }
+
 // `pair` null: W row e for edge e; else W row pair[e] (one filter per pair).
 // Sums in A (float for bfloat16 inputs, else T).
 template <class T, class A>
-void cfconv_kernel(const T* h, const T* w, const int64_t* recv, const int64_t* send, const int64_t* pair,
+inline void cfconv_kernel(const T* h, const T* w, const int64_t* recv, const int64_t* send, const int64_t* pair,
                    A* out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     A* o = out + recv[e] * K;
     const T* hs = h + send[e] * K;
     const T* we = w + (pair ? pair[e] : e) * K;
-    for (int64_t k = 0; k < K; ++k) o[k] += static_cast<A>(hs[k]) * static_cast<A>(we[k]);
+    for (int64_t k = 0; k < K; ++k) o[k] += widen(hs[k]) * widen(we[k]);
   }
 }
 
 // `pair` null: out row e = a[left e] ⊙ b[right e]; else summed into row pair[e]
 // (out zeroed by the caller).
 template <class T, class A>
-void edge_product_kernel(const T* a, const T* b, const int64_t* left, const int64_t* right,
+inline void edge_product_kernel(const T* a, const T* b, const int64_t* left, const int64_t* right,
                          const int64_t* pair, A* out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     const T* al = a + left[e] * K;
     const T* br = b + right[e] * K;
     A* o = out + (pair ? pair[e] : e) * K;
     if (pair) {
-      for (int64_t k = 0; k < K; ++k) o[k] += static_cast<A>(al[k]) * static_cast<A>(br[k]);
+      for (int64_t k = 0; k < K; ++k) o[k] += widen(al[k]) * widen(br[k]);
     } else {
-      for (int64_t k = 0; k < K; ++k) o[k] = static_cast<A>(al[k]) * static_cast<A>(br[k]);
+      for (int64_t k = 0; k < K; ++k) o[k] = widen(al[k]) * widen(br[k]);
     }
   }
 }
+
+// One instantiation per dtype, each built for AVX-512, AVX2 and the baseline
+// and picked at load time (the baseline build ran these loops 4 floats wide).
+#define CRUCIBLE_CFCONV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define CRUCIBLE_CFCONV_INSTANCES(T, A, NAME)                                                                    \
+  CRUCIBLE_CFCONV_CLONES void cfconv_##NAME(const T* h, const T* w, const int64_t* recv, const int64_t* send,    \
+                                            const int64_t* pair, A* out, int64_t E, int64_t K) {                 \
+    cfconv_kernel<T, A>(h, w, recv, send, pair, out, E, K);                                                      \
+  }                                                                                                              \
+  CRUCIBLE_CFCONV_CLONES void edge_product_##NAME(const T* a, const T* b, const int64_t* left,                    \
+                                                  const int64_t* right, const int64_t* pair, A* out, int64_t E,  \
+                                                  int64_t K) {                                                   \
+    edge_product_kernel<T, A>(a, b, left, right, pair, out, E, K);                                               \
+  }                                                                                                              \
+  inline void cfconv_any(const T* h, const T* w, const int64_t* recv, const int64_t* send, const int64_t* pair,  \
+                         A* out, int64_t E, int64_t K) {                                                         \
+    cfconv_##NAME(h, w, recv, send, pair, out, E, K);                                                            \
+  }                                                                                                              \
+  inline void edge_product_any(const T* a, const T* b, const int64_t* left, const int64_t* right,                \
+                               const int64_t* pair, A* out, int64_t E, int64_t K) {                              \
+    edge_product_##NAME(a, b, left, right, pair, out, E, K);                                                     \
+  }
+CRUCIBLE_CFCONV_INSTANCES(float, float, f)
+CRUCIBLE_CFCONV_INSTANCES(double, double, d)
+CRUCIBLE_CFCONV_INSTANCES(c10::BFloat16, float, bf)
+#undef CRUCIBLE_CFCONV_INSTANCES
 
 // The sum's dtype: float for bfloat16 inputs (rounded once at the end), else the input's.
 at::ScalarType sum_dtype(at::ScalarType t) { return t == at::kBFloat16 ? at::kFloat : t; }
@@ -86,7 +126,7 @@ at::Tensor cfconv_forward(const at::Tensor& h, const at::Tensor& W, const at::Te
   at::Tensor out = at::zeros({out_rows, hc.size(1)}, hc.options().dtype(sum_dtype(hc.scalar_type())));
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, hc.scalar_type(), "cfconv", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    cfconv_kernel<scalar_t, acc_t>(hc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), r.data_ptr<int64_t>(),
+    cfconv_any(hc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), r.data_ptr<int64_t>(),
                                    s.data_ptr<int64_t>(), pc.defined() ? pc.data_ptr<int64_t>() : nullptr,
                                    out.data_ptr<acc_t>(), E, wc.size(1));
   });
@@ -113,7 +153,7 @@ at::Tensor edge_product_forward(const at::Tensor& a, const at::Tensor& b, const 
   at::Tensor out = pc.defined() ? at::zeros({rows, ac.size(1)}, acc) : at::empty({l.size(0), ac.size(1)}, acc);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, ac.scalar_type(), "edge_product", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    edge_product_kernel<scalar_t, acc_t>(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
+    edge_product_any(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
                                          l.data_ptr<int64_t>(), r.data_ptr<int64_t>(),
                                          pc.defined() ? pc.data_ptr<int64_t>() : nullptr,
                                          out.data_ptr<acc_t>(), l.size(0), ac.size(1));

@@ -94,6 +94,9 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   at::Tensor rbf, fc;
   at::Tensor edge_pair, pair_rep;  // fast path: [E] pair of each edge, [P] one edge per pair
   at::Tensor pair_d;               // [P] pair distances (fast and inference paths)
+  // bf16 products on the CPU: the filter network's rows (pairs) are padded
+  // once to a row bucket (gemm_rows.h), with distance r_c so f_c = 0.
+  const bool pad_pairs = !ref && !chunked && cpu_bf16_gemm(batch.positions, out2_->weight);
   {
     // Force-safe geometry (issue 3, deliverable 4): autocast off, so edge
     // vectors, distances, the Gaussian basis and the cutoff keep `geom`.
@@ -108,6 +111,8 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
                                     : at::zeros({batch.num_edges(), 3}, at::kLong);
       std::tie(edge_pair, pair_rep) = reverse_edge_pairs(batch.edge_index, shifts);
       d = d.index_select(0, pair_rep);                           // [P]
+      const int64_t P = d.size(0), padded = gemm_row_bucket(P);
+      if (pad_pairs && padded > P) d = at::constant_pad_nd(d, {0, padded - P}, rc);  // rows no edge reads
     }
     pair_d = d;
     if (!chunked) {  // the inference path expands d chunk by chunk
