@@ -28,28 +28,29 @@ bool cpu_bf16_gemm(const at::Tensor& x, const at::Tensor& weight) {
 
 namespace {
 
-// x cast to bfloat16 with dim 0 padded by zero rows to its bucket.
-at::Tensor padded_bf16(const at::Tensor& x) {
+// product(x') with x' = x cast to bfloat16 and dim 0 padded by zero rows to
+// its bucket, cut back to x's rows; product(x) itself where no bf16 CPU
+// product runs (`bf16`) or x already has a bucket's rows.
+template <class Product>
+at::Tensor with_bucketed_rows(const at::Tensor& x, bool bf16, Product product) {
   const int64_t rows = x.size(0), padded = gemm_row_bucket(rows);
-  at::Tensor xb = x.to(at::kBFloat16);
-  if (padded == rows) return xb;
+  if (!bf16 || padded == rows) return product(x);
   std::vector<int64_t> pad(static_cast<size_t>(2 * x.dim()), 0);
   pad.back() = padded - rows;  // constant_pad_nd's pairs run from the last dim to the first
-  return at::constant_pad_nd(xb, pad);
+  return product(at::constant_pad_nd(x.to(at::kBFloat16), pad)).narrow(0, 0, rows);
 }
 
 }  // namespace
 
 at::Tensor linear_bucketed_rows(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (x.dim() != 2 || !cpu_bf16_gemm(x, weight)) return at::linear(x, weight, bias);
-  if (gemm_row_bucket(x.size(0)) == x.size(0)) return at::linear(x, weight, bias);  // no pad, no slice
-  return at::linear(padded_bf16(x), weight, bias).narrow(0, 0, x.size(0));
+  if (x.dim() != 2) return at::linear(x, weight, bias);
+  return with_bucketed_rows(x, cpu_bf16_gemm(x, weight),
+                            [&](const at::Tensor& in) { return at::linear(in, weight, bias); });
 }
 
 at::Tensor matmul_bucketed_rows(const at::Tensor& x, const at::Tensor& w) {
-  if (x.dim() < 2 || w.dim() != 2 || !cpu_bf16_gemm(x, w)) return at::matmul(x, w);
-  if (gemm_row_bucket(x.size(0)) == x.size(0)) return at::matmul(x, w);
-  return at::matmul(padded_bf16(x), w).narrow(0, 0, x.size(0));
+  if (x.dim() < 2 || w.dim() != 2) return at::matmul(x, w);
+  return with_bucketed_rows(x, cpu_bf16_gemm(x, w), [&](const at::Tensor& in) { return at::matmul(in, w); });
 }
 
 }  // namespace crucible

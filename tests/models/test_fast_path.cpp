@@ -238,30 +238,36 @@ TEST(FastPath, ReverseEdgePairsMatchABruteForcePairingOnShuffledPeriodicEdges) {
   }
 }
 
-TEST(FastPath, SchNetFastPathEqualsReferencePathToFloat64Precision) {
+// A small SchNet on the fast path and the same weights on the reference
+// (autograd) path, in `dtype`.
+std::pair<SchNet, SchNet> fast_and_reference_schnet(uint64_t seed, at::ScalarType dtype) {
   SchNetOptions o;
   o.hidden_channels = 16;
   o.num_filters = 12;
   o.num_interactions = 2;
   o.num_gaussians = 10;
   o.cutoff = 4.0;
-  at::manual_seed(3);
+  at::manual_seed(seed);
   SchNet fast(o);
-  fast->to(at::kDouble);
+  fast->to(dtype);
   SchNetOptions ro = o;
   ro.reference_autograd = true;
   SchNet ref(ro);
-  ref->to(at::kDouble);
-  {
-    at::NoGradGuard no_grad;
-    auto src = fast->named_parameters();
-    for (auto& p : ref->named_parameters()) p.value().copy_(src[p.key()]);
-  }
+  ref->to(dtype);
+  at::NoGradGuard no_grad;
+  auto src = fast->named_parameters();
+  for (auto& p : ref->named_parameters()) p.value().copy_(src[p.key()]);
+  return {fast, ref};
+}
+
+TEST(FastPath, SchNetFastPathEqualsReferencePathToFloat64Precision) {
+  auto [fast, ref] = fast_and_reference_schnet(3, at::kDouble);
+  const double cutoff = fast->options().cutoff;
   Structure s = random_periodic(6, {22, 13}, 5);
   s.energy = -3.0;
   s.forces = at::randn({6, 3}, at::kDouble);
   s.stress = at::randn({3, 3}, at::kDouble) * 0.01;
-  const Batch b = make_batch({s, random_periodic(4, {13, 13}, 9)}, o.cutoff);
+  const Batch b = make_batch({s, random_periodic(4, {13, 13}, 9)}, cutoff);
 
   WeightedSumLoss loss;
   loss.add(std::make_shared<EnergyMSELoss>(), 1.0);
@@ -294,37 +300,17 @@ TEST(FastPath, SchNetFastPathEqualsReferencePathToFloat64Precision) {
   EXPECT_EQ(compared, static_cast<int64_t>(fast->parameters().size()));
 }
 
-}  // namespace
-}  // namespace crucible
-
-namespace crucible {
-namespace {
-
 TEST(FastPath, SchNetBf16FastPathWithPaddedPairsAgreesWithTheReferenceToBf16Rounding) {
   // Under bf16 autocast the fast path pads the filter network's pair rows to
   // a GEMM bucket (gemm_rows.h) and keeps the filter in bf16; the reference
   // path does neither. Both round the same products to bf16, so they agree
   // to bf16's precision (2^-8 = 0.4%) up to accumulation, not exactly.
-  SchNetOptions o;
-  o.hidden_channels = 16;
-  o.num_filters = 12;
-  o.num_interactions = 2;
-  o.num_gaussians = 10;
-  o.cutoff = 4.0;
-  at::manual_seed(8);
-  SchNet fast(o);
-  SchNetOptions ro = o;
-  ro.reference_autograd = true;
-  SchNet ref(ro);
-  {
-    at::NoGradGuard no_grad;
-    auto src = fast->named_parameters();
-    for (auto& p : ref->named_parameters()) p.value().copy_(src[p.key()]);
-  }
+  auto [fast, ref] = fast_and_reference_schnet(8, at::kFloat);
+  const double cutoff = fast->options().cutoff;
   Structure s = random_periodic(6, {22, 13}, 5);
   s.energy = -3.0;
   s.forces = at::randn({6, 3}, at::kDouble);
-  const Batch b = make_batch({s, random_periodic(5, {13, 13}, 9)}, o.cutoff).to(at::kCPU, at::kFloat);
+  const Batch b = make_batch({s, random_periodic(5, {13, 13}, 9)}, cutoff).to(at::kCPU, at::kFloat);
   const int64_t P = reverse_edge_pairs(b.edge_index, b.shifts).second.size(0);
   ASSERT_GT(gemm_row_bucket(P), P) << "the batch must exercise the padding";
   WeightedSumLoss loss;

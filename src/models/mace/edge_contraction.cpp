@@ -39,6 +39,22 @@ inline int64_t weight_row(const Sizes& z, int64_t e) { return z.w_row ? z.w_row[
 // differ: Zen 3 has no AVX-512).
 #define CRUCIBLE_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
+// acc[c] = Σ_i t[i] x[i, c]: one table row against the sender's [D, C]
+// features (the message and weights slots).
+template <class S>
+inline void contract_components(const S* __restrict t, const S* __restrict x, int64_t D, int64_t C,
+                                S* __restrict acc) {
+  const S t0 = t[0];
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) acc[c] = t0 * x[c];
+  for (int64_t i = 1; i < D; ++i) {
+    const S ti = t[i];
+    const S* __restrict xi = x + i * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) acc[c] += ti * xi[c];
+  }
+}
+
 template <class S>
 inline void message_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T, const S* __restrict x,
                          const int64_t* recv, const int64_t* send, const int64_t* path, S* __restrict out,
@@ -51,15 +67,7 @@ inline void message_loop(const S* __restrict g, const S* __restrict w, const S* 
     for (int64_t r = 0; r < R; ++r) {
       const S* t = T + (e * R + r) * D;
       const S* __restrict we = w + (weight_row(z, e) * P + path[r]) * C;
-      const S t0 = t[0];
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) acc[c] = t0 * xs[c];
-      for (int64_t i = 1; i < D; ++i) {
-        const S ti = t[i];
-        const S* __restrict xi = xs + i * C;
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) acc[c] += ti * xi[c];
-      }
+      contract_components(t, xs, D, C, acc);
       S* __restrict orow = o + r * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) orow[c] += we[c] * acc[c];
@@ -101,15 +109,7 @@ inline void weights_edge(const S* __restrict g, const S* __restrict T, const S* 
   const S* __restrict gr = g + recv[e] * R * C;
   for (int64_t r = 0; r < R; ++r) {
     const S* t = T + (e * R + r) * D;
-    const S t0 = t[0];
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) acc[c] = t0 * xs[c];
-    for (int64_t i = 1; i < D; ++i) {
-      const S ti = t[i];
-      const S* __restrict xi = xs + i * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) acc[c] += ti * xi[c];
-    }
+    contract_components(t, xs, D, C, acc);
     S* __restrict orow = o + path[r] * C;
     const S* __restrict grr = gr + r * C;
 #pragma omp simd

@@ -273,20 +273,25 @@ std::vector<at::Tensor> MaceImpl::radial_mlp_weights(int64_t t) const {
   return out;
 }
 
+namespace {
+
+// The radial MLP up to its last layer: silu after each hidden product.
+at::Tensor radial_hidden(const std::vector<at::Tensor>& W, const at::Tensor& edge_feats) {
+  at::Tensor h = edge_feats;
+  for (size_t k = 0; k + 1 < W.size(); ++k) h = at::silu(matmul_bucketed_rows(h, W[k]));
+  return h;
+}
+
+}  // namespace
+
 at::Tensor MaceImpl::radial_weights(int64_t t, const at::Tensor& edge_feats) const {
   const std::vector<at::Tensor> W = radial_mlp_weights(t);
-  at::Tensor h = edge_feats;
-  for (size_t k = 0; k < W.size(); ++k) {
-    h = matmul_bucketed_rows(h, W[k]);
-    if (k + 1 < W.size()) h = at::silu(h);
-  }
-  return h;
+  return matmul_bucketed_rows(radial_hidden(W, edge_feats), W.back());
 }
 
 std::vector<at::Tensor> MaceImpl::radial_term_weights(int64_t t, const at::Tensor& edge_feats) const {
   const std::vector<at::Tensor> W = radial_mlp_weights(t);
-  at::Tensor h = edge_feats;
-  for (size_t k = 0; k + 1 < W.size(); ++k) h = at::silu(matmul_bucketed_rows(h, W[k]));
+  const at::Tensor h = radial_hidden(W, edge_feats);
   const mace::ConvTensorProduct& tp = *layers_[static_cast<size_t>(t)].tp;
   std::vector<at::Tensor> out;
   for (size_t a = 0; a < tp.in().size(); ++a) {
@@ -485,6 +490,8 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
   const std::vector<LayerExtent> extents = layer_extents(batch, options_.num_interactions);
   const int64_t N = batch.num_nodes();
   LayerPairs pairs;  // inference path: the current layer's pair grouping and features
+  PairEdges grouped;          // training fast path: edges of the first `grouped_edges` grouped by pair
+  int64_t grouped_edges = -1;
   at::Tensor energy;  // [nodes of the layer], geometry dtype
   for (int64_t t = 0; t < options_.num_interactions; ++t) {
     const int64_t n_out = extents[static_cast<size_t>(t)].nodes, e_t = extents[static_cast<size_t>(t)].edges;
@@ -499,9 +506,14 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
       } else {
         // Per input term: its paths' radial weights, one row per distance
         // pair (the edge contraction reads each edge's pair row), and table.
+        // The pair grouping is the previous layer's when its edges are the same.
+        if (grouped_edges != e_t) {
+          grouped = group_edges_by_pair(leading_rows(edge_pair, e_t), pair_rep.size(0),
+                                        batch.edge_index.slice(1, 0, e_t));
+          grouped_edges = e_t;
+        }
         TermEdges fast;
-        fast.pairs = group_edges_by_pair(leading_rows(edge_pair, e_t), pair_rep.size(0),
-                                         batch.edge_index.slice(1, 0, e_t));
+        fast.pairs = grouped;
         fast.weights = radial_term_weights(t, feats);
         for (const auto& x : tables[static_cast<size_t>(t)]) fast.tables.push_back(x.defined() ? leading_rows(x, e_t) : x);
         h = layer_forward(t, h, elem, send_t, recv_t, Y_t, at::Tensor(), &fast, nullptr, n_out);

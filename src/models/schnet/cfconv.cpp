@@ -50,7 +50,7 @@ inline double widen(double v) { return v; }
 // Sums in A (float for bfloat16 inputs, else T).
 template <class T, class A>
 inline void cfconv_kernel(const T* h, const T* w, const int64_t* recv, const int64_t* send, const int64_t* pair,
-                   A* out, int64_t E, int64_t K) {
+                          A* out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     A* o = out + recv[e] * K;
     const T* hs = h + send[e] * K;
@@ -63,7 +63,7 @@ inline void cfconv_kernel(const T* h, const T* w, const int64_t* recv, const int
 // (out zeroed by the caller).
 template <class T, class A>
 inline void edge_product_kernel(const T* a, const T* b, const int64_t* left, const int64_t* right,
-                         const int64_t* pair, A* out, int64_t E, int64_t K) {
+                                const int64_t* pair, A* out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     const T* al = a + left[e] * K;
     const T* br = b + right[e] * K;
@@ -126,9 +126,8 @@ at::Tensor cfconv_forward(const at::Tensor& h, const at::Tensor& W, const at::Te
   at::Tensor out = at::zeros({out_rows, hc.size(1)}, hc.options().dtype(sum_dtype(hc.scalar_type())));
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, hc.scalar_type(), "cfconv", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    cfconv_any(hc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), r.data_ptr<int64_t>(),
-                                   s.data_ptr<int64_t>(), pc.defined() ? pc.data_ptr<int64_t>() : nullptr,
-                                   out.data_ptr<acc_t>(), E, wc.size(1));
+    cfconv_any(hc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), r.data_ptr<int64_t>(), s.data_ptr<int64_t>(),
+               pc.defined() ? pc.data_ptr<int64_t>() : nullptr, out.data_ptr<acc_t>(), E, wc.size(1));
   });
   return out.to(hc.scalar_type());
 }
@@ -153,10 +152,8 @@ at::Tensor edge_product_forward(const at::Tensor& a, const at::Tensor& b, const 
   at::Tensor out = pc.defined() ? at::zeros({rows, ac.size(1)}, acc) : at::empty({l.size(0), ac.size(1)}, acc);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, ac.scalar_type(), "edge_product", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    edge_product_any(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
-                                         l.data_ptr<int64_t>(), r.data_ptr<int64_t>(),
-                                         pc.defined() ? pc.data_ptr<int64_t>() : nullptr,
-                                         out.data_ptr<acc_t>(), l.size(0), ac.size(1));
+    edge_product_any(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(), l.data_ptr<int64_t>(), r.data_ptr<int64_t>(),
+                     pc.defined() ? pc.data_ptr<int64_t>() : nullptr, out.data_ptr<acc_t>(), l.size(0), ac.size(1));
   });
   return out.to(ac.scalar_type());
 }
