@@ -1,6 +1,7 @@
 #pragma once
 // Autocast state of this thread, one spelling for LibTorch 1.13 and 2.x (the
-// per-device API replaced the CPU/GPU pairs in 2.4).
+// per-device API replaced the CPU/GPU pairs in 2.4). No tensors; none of
+// these throws.
 
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
