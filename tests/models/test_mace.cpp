@@ -237,7 +237,7 @@ TEST(MaceFastPath, EqualsTheAutogradReferenceToE10) {
   }
 }
 
-// Issue 19: on structures of more than 4 × inference_edge_chunk() nodes the
+// Issue 19: on structures of more than 16 × inference_edge_chunk() nodes the
 // training path evaluates the product basis by checkpointed node chunks
 // (checkpointed_rows_twice); forces, stress and a force loss's parameter
 // gradients stay the reference's.
@@ -247,11 +247,14 @@ TEST(MaceFastPath, CheckpointedProductBasisEqualsTheAutogradReference) {
   Mace fast = make_model(o);
   Mace ref = make_model(o);
   ref->set_reference_autograd(true);
-  const Batch b = make_batch(test_structures(), o.cutoff);
-  ASSERT_GT(b.positions.size(0), 8);
+  std::vector<Structure> three;
+  for (int k = 0; k < 3; ++k)
+    for (const Structure& s : test_structures()) three.push_back(s);
+  const Batch b = make_batch(three, o.cutoff);
+  ASSERT_GT(b.positions.size(0), 32);
   const Outputs r = run(ref, b);
-  // Chunks of 1 node (edge chunk 2: threshold 8 nodes) and of 2 nodes
-  // (edge chunk 32: threshold 128, so the direct path), on 1 and 2 threads.
+  // Chunks of 1 node (edge chunk 2: threshold 32 nodes) and the direct
+  // path (edge chunk 32: threshold 512 nodes), on 1 and 2 threads.
   for (int64_t chunk : {2, 32}) {
     for (int threads : {1, 2}) {
       SCOPED_TRACE("edge chunk " + std::to_string(chunk) + ", threads " + std::to_string(threads));

@@ -102,7 +102,7 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   at::Tensor radial_weights(int64_t t, const at::Tensor& edge_feats) const;
   /// Interaction t's product basis of A [N, D_target, C] with the element
   /// weights of `elem` [N]: one [N, O, C] per output irrep. Chunked and
-  /// checkpointed on the inference path (`chunked`) and, above 4096 nodes,
+  /// checkpointed on the inference path (`chunked`) and, above 16384 nodes,
   /// on the training path (checkpointed_rows_twice).
   std::vector<at::Tensor> product_basis(int64_t t, const at::Tensor& A, const at::Tensor& elem, bool chunked) const;
   /// Interaction t: messages from every row of `h_in` along the given
