@@ -2,20 +2,60 @@
 // Time per LibTorch op and input shapes, from LibTorch's legacy profiler:
 // where a training step's time goes, op by op (bench/README: --profile).
 
+#include <ATen/record_function.h>
+#include <c10/util/Backtrace.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace crucible::bench {
 
-/// Starts recording every op with its input shapes on all threads.
+/// With CRUCIBLE_TRACE_MIXED set: every op (casts aside) whose floating
+/// inputs of more than 10000 elements mix dtypes, on stderr with a backtrace,
+/// at its 1st, 100th, 200th ... call. A bf16 × float32 product is 20-40× slower
+/// than either dtype alone in LibTorch 1.13 (docs/training_speed.md), so a
+/// bf16-mixed step should show none but autocast's own (aten::linear).
+inline void trace_mixed_dtype_ops() {
+  at::addGlobalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        c10::optional<at::ScalarType> first;
+        bool mixed = false;
+        int64_t numel = 0;
+        for (const c10::IValue& v : fn.inputs()) {
+          if (!v.isTensor() || !v.toTensor().defined()) continue;
+          const at::Tensor& t = v.toTensor();
+          if (!at::isFloatingType(t.scalar_type()) || t.dim() == 0) continue;
+          numel = std::max<int64_t>(numel, t.numel());
+          if (!first) first = t.scalar_type();
+          else if (*first != t.scalar_type()) mixed = true;
+        }
+        const std::string name = fn.name();
+        const bool cast = name.find("copy") != std::string::npos || name.find("aten::to") != std::string::npos;
+        if (!mixed || numel <= 10000 || cast) return nullptr;
+        static std::mutex m;
+        static std::map<std::string, int> seen;
+        std::lock_guard<std::mutex> lock(m);
+        const int n = ++seen[name];
+        if (n == 1 || n % 100 == 0) {
+          std::fprintf(stderr, "mixed dtypes: %s numel=%lld call %d\n%s\n", name.c_str(),
+                       static_cast<long long>(numel), n, c10::get_backtrace(0, 40).c_str());
+        }
+        return nullptr;
+      }).needsInputs(true));
+}
+
+/// Starts recording every op with its input shapes on all threads (and the
+/// mixed-dtype trace above when CRUCIBLE_TRACE_MIXED is set).
 inline void start_op_profile() {
   using namespace torch::autograd::profiler;
+  if (std::getenv("CRUCIBLE_TRACE_MIXED")) trace_mixed_dtype_ops();
   enableProfilerLegacy(ProfilerConfig(ProfilerState::CPU, /*report_input_shapes=*/true, /*profile_memory=*/false));
 }
 

@@ -2,6 +2,7 @@
 
 #include "crucible/models/cfconv.h"
 #include "crucible/neighbors/counting_sort.h"
+#include "bf16_bits.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -34,17 +35,7 @@ void check_indices(const at::Tensor& idx, int64_t n, const char* what) {
   }
 }
 
-// A value in the sum's type. bfloat16 is the upper half of a float32: a
-// shift the compiler vectorises (c10::BFloat16's conversion did not, and the
-// bf16 kernels ran slower than the float32 ones).
-inline float widen(c10::BFloat16 v) {
-  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline float widen(float v) { return v; }
-inline double widen(double v) { return v; }
+using schnet_detail::widen;  // bf16 as the upper half of a float32 (bf16_bits.h)
 
 // `pair` null: W row e for edge e; else W row pair[e] (one filter per pair).
 // Sums in A (float for bfloat16 inputs, else T).

@@ -3,6 +3,7 @@
 
 #include "crucible/models/filter_convolution.h"
 #include "crucible/models/chunk_parallel.h"
+#include "crucible/models/shifted_softplus.h"
 #include "crucible/neighbors/counting_sort.h"
 
 #include <c10/util/Exception.h>
@@ -20,12 +21,12 @@ using torch::autograd::Function;
 using torch::autograd::variable_list;
 
 constexpr double kPi = 3.14159265358979323846;
-const double kLn2 = std::log(2.0);
 
 /// The filter of pairs [p0, p1): W [Pc,K], with the intermediates the
-/// backward needs (rbf [Pc,G], a1 [Pc,K] before ssp, a2 [Pc,K] before f_c).
+/// backward needs (rbf [Pc,G], σ(a1) [Pc,K] = ssp'(a1) of the first layer's
+/// output a1, a2 [Pc,K] before f_c).
 struct ChunkFilter {
-  at::Tensor dc, rbf, a1, a2, fc, W;
+  at::Tensor dc, rbf, sig1, a2, fc, W;
 };
 
 ChunkFilter chunk_filter(const at::Tensor& d, int64_t p0, int64_t p1, const at::Tensor& w1, const at::Tensor& b1,
@@ -34,8 +35,9 @@ ChunkFilter chunk_filter(const at::Tensor& d, int64_t p0, int64_t p1, const at::
   ChunkFilter f;
   f.dc = d.slice(0, p0, p1);
   f.rbf = at::exp(-gamma * (f.dc.unsqueeze(-1) - offsets).pow(2));
-  f.a1 = at::addmm(b1, f.rbf, w1.t());
-  f.a2 = at::addmm(b2, at::softplus(f.a1) - kLn2, w2.t());
+  auto [h1, sig1] = shifted_softplus_and_sigmoid(at::addmm(b1, f.rbf, w1.t()));  // one pass over a1
+  f.sig1 = sig1;
+  f.a2 = at::addmm(b2, h1, w2.t());
   f.fc = 0.5 * (at::cos(f.dc * (kPi / rc)) + 1.0) * (f.dc < rc).to(d.scalar_type());
   f.W = f.a2 * f.fc.unsqueeze(-1);
   return f;
@@ -163,7 +165,7 @@ struct FilterConv : public Function<FilterConv> {
       // Back through W = a2 · f_c, a2 = ssp(a1) W2ᵀ + b2, a1 = g(d) W1ᵀ + b1.
       const at::Tensor g_a2 = gW * f.fc.unsqueeze(-1);
       const at::Tensor g_fc = (gW * f.a2).sum(-1);
-      const at::Tensor g_a1 = g_a2.mm(w2) * at::sigmoid(f.a1);
+      const at::Tensor g_a1 = g_a2.mm(w2) * f.sig1;
       const at::Tensor g_rbf = g_a1.mm(w1);  // [Pc,G]
       const at::Tensor dmu = f.dc.unsqueeze(-1) - mu;
       at::Tensor g_d = (g_rbf * f.rbf * (-2.0 * gamma) * dmu).sum(-1);

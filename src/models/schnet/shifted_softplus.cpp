@@ -1,50 +1,170 @@
-// Shifted softplus with hand-written derivatives (issue 7).
+// Shifted softplus with hand-written derivatives (issue 7) and one-pass CPU
+// loops (issue 19).
+//
+// The loops call exp/log, which GCC turns into glibc's vector variants
+// (libmvec: 16 floats per call on AVX-512) only when they cannot set errno
+// or raise FP exceptions: this file is built with -fno-math-errno
+// -fno-trapping-math (CMakeLists.txt). NaN and ±inf still propagate as in
+// IEEE arithmetic (no -ffinite-math-only).
 
 #include "crucible/models/shifted_softplus.h"
+#include "bf16_bits.h"
 
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 
+#if defined(__x86_64__) && defined(__GLIBC__)
+// The declarations <math.h> makes only under -ffast-math: glibc ships these
+// vector variants (libmvec, glibc >= 2.22) for SSE, AVX2 and AVX-512.
+extern "C" {
+__attribute__((simd("notinbranch"))) float expf(float) noexcept;
+__attribute__((simd("notinbranch"))) float logf(float) noexcept;
+__attribute__((simd("notinbranch"))) double exp(double) noexcept;
+__attribute__((simd("notinbranch"))) double log(double) noexcept;
+}
+#define CRUCIBLE_SSP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CRUCIBLE_SSP_CLONES
+#endif
+
 namespace crucible {
 namespace {
 
+using schnet_detail::narrow;
+using schnet_detail::widen;
 using torch::autograd::AutogradContext;
 using torch::autograd::Function;
 using torch::autograd::variable_list;
 
 const double kLn2 = std::log(2.0);
 
+inline float exp_of(float v) { return expf(v); }
+inline double exp_of(double v) { return exp(v); }
+inline float log_of(float v) { return logf(v); }
+inline double log_of(double v) { return log(v); }
+
+// y = ssp(x) = max(x, 0) + ln(1 + e^-|x|) − ln 2 and s = σ(x) from the one
+// exponential e = e^-|x| ∈ (0, 1]: σ(x) = 1/(1+e) for x ≥ 0, e/(1+e) below.
+// ln(1 + e) instead of log1p(e): 1 + e rounds off at most one ulp of 1, an
+// absolute error far below the value's own rounding.
+template <class T, class A>
+inline void ssp_sigmoid_loop(const T* x, T* y, T* s, int64_t n) {
+  const A ln2 = static_cast<A>(kLn2);
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) {
+    const A v = widen(x[k]);
+    const A e = exp_of(v < A(0) ? v : -v);
+    const A r = A(1) / (A(1) + e);
+    y[k] = narrow<T, A>((v > A(0) ? v : A(0)) + log_of(A(1) + e) - ln2);
+    s[k] = narrow<T, A>(v >= A(0) ? r : e * r);
+  }
+}
+
+// The second-order terms of SspGrad (out = g σ): d_g = gg σ, d_x = gg g σ(1 − σ).
+template <class T, class A>
+inline void ssp_second_loop(const T* gg, const T* g, const T* s, T* d_g, T* d_x, int64_t n) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) {
+    const A sv = widen(s[k]);
+    const A ggs = widen(gg[k]) * sv;
+    d_g[k] = narrow<T, A>(ggs);
+    d_x[k] = narrow<T, A>(ggs * widen(g[k]) * (A(1) - sv));
+  }
+}
+
+#define CRUCIBLE_SSP_INSTANCES(T, A, NAME)                                                                 \
+  CRUCIBLE_SSP_CLONES void ssp_sigmoid_##NAME(const T* x, T* y, T* s, int64_t n) {                         \
+    ssp_sigmoid_loop<T, A>(x, y, s, n);                                                                    \
+  }                                                                                                        \
+  CRUCIBLE_SSP_CLONES void ssp_second_##NAME(const T* gg, const T* g, const T* s, T* d_g, T* d_x,          \
+                                             int64_t n) {                                                  \
+    ssp_second_loop<T, A>(gg, g, s, d_g, d_x, n);                                                          \
+  }                                                                                                        \
+  inline void ssp_sigmoid_any(const T* x, T* y, T* s, int64_t n) { ssp_sigmoid_##NAME(x, y, s, n); }       \
+  inline void ssp_second_any(const T* gg, const T* g, const T* s, T* d_g, T* d_x, int64_t n) {             \
+    ssp_second_##NAME(gg, g, s, d_g, d_x, n);                                                              \
+  }
+CRUCIBLE_SSP_INSTANCES(float, float, f)
+CRUCIBLE_SSP_INSTANCES(double, double, d)
+CRUCIBLE_SSP_INSTANCES(c10::BFloat16, float, bf)
+#undef CRUCIBLE_SSP_INSTANCES
+
+bool loop_ok(const at::Tensor& t) {
+  return t.device().is_cpu() &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble || t.scalar_type() == at::kBFloat16);
+}
+
+// Element ranges of this size run in parallel (at::parallel_for).
+constexpr int64_t kGrain = 32768;
+
+/// d_g = gg σ, d_x = gg g σ(1 − σ): one pass on the CPU, else ATen ops.
+std::pair<at::Tensor, at::Tensor> ssp_second_order(const at::Tensor& gg, const at::Tensor& g, const at::Tensor& s) {
+  const bool same = gg.scalar_type() == s.scalar_type() && g.scalar_type() == s.scalar_type() &&
+                    gg.sizes() == s.sizes() && g.sizes() == s.sizes();
+  if (!same || !loop_ok(s) || !gg.device().is_cpu() || !g.device().is_cpu()) {
+    const at::Tensor ggs = gg * s;
+    return {ggs, ggs * g * (1.0 - s)};
+  }
+  const at::Tensor ggc = gg.contiguous(), gc = g.contiguous(), sc = s.contiguous();
+  at::Tensor d_g = at::empty_like(sc), d_x = at::empty_like(sc);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, sc.scalar_type(), "ssp_second_order", [&] {
+    const scalar_t *a = ggc.data_ptr<scalar_t>(), *b = gc.data_ptr<scalar_t>(), *c = sc.data_ptr<scalar_t>();
+    scalar_t *o1 = d_g.data_ptr<scalar_t>(), *o2 = d_x.data_ptr<scalar_t>();
+    at::parallel_for(0, sc.numel(), kGrain, [&](int64_t k0, int64_t k1) {
+      ssp_second_any(a + k0, b + k0, c + k0, o1 + k0, o2 + k0, k1 - k0);
+    });
+  });
+  return {d_g, d_x};
+}
+
 /// out = g · σ(x): the first derivative applied to an incoming gradient.
-/// Its backward gives the second-order terms: ∂/∂g = gg · σ, ∂/∂x = gg · g · σ(1 − σ).
+/// σ comes precomputed from Ssp's forward (input 2, no gradient); x is an
+/// input so that the second-order term reaches it.
 struct SspGrad : public Function<SspGrad> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& g, const at::Tensor& x) {
-    at::Tensor s = at::sigmoid(x);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& g, const at::Tensor& /*x*/,
+                            const at::Tensor& s) {
     ctx->save_for_backward({g, s});
     return g * s;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor& g = saved[0];
-    const at::Tensor& s = saved[1];
-    const at::Tensor gg_s = grads[0] * s;
-    return {gg_s, gg_s * g * (1.0 - s)};
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    auto [d_g, d_x] = ssp_second_order(grads[0], saved[0], saved[1]);
+    return {d_g, d_x, at::Tensor()};
   }
 };
 
 /// ssp(x), whose backward is SspGrad (so a second backward is hand-written too).
 struct Ssp : public Function<Ssp> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
-    ctx->save_for_backward({x});
-    return at::softplus(x) - kLn2;
+    auto [y, s] = shifted_softplus_and_sigmoid(x);
+    ctx->save_for_backward({x, s});
+    return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor x = ctx->get_saved_variables()[0];
-    return {SspGrad::apply(grads[0], x)};
+    const auto saved = ctx->get_saved_variables();
+    return {SspGrad::apply(grads[0], saved[0], saved[1])};
   }
 };
 
 }  // namespace
+
+std::pair<at::Tensor, at::Tensor> shifted_softplus_and_sigmoid(const at::Tensor& x) {
+  if (!loop_ok(x)) return {at::softplus(x) - kLn2, at::sigmoid(x)};
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty_like(xc), s = at::empty_like(xc);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "shifted_softplus", [&] {
+    const scalar_t* in = xc.data_ptr<scalar_t>();
+    scalar_t *out = y.data_ptr<scalar_t>(), *sig = s.data_ptr<scalar_t>();
+    at::parallel_for(0, xc.numel(), kGrain, [&](int64_t k0, int64_t k1) {
+      ssp_sigmoid_any(in + k0, out + k0, sig + k0, k1 - k0);
+    });
+  });
+  return {y, s};
+}
 
 at::Tensor shifted_softplus(const at::Tensor& x) { return Ssp::apply(x); }
 
