@@ -2,7 +2,7 @@
 
 #include "crucible/models/cfconv.h"
 #include "crucible/neighbors/counting_sort.h"
-#include "bf16_bits.h"
+#include "../bf16_bits.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -35,7 +35,7 @@ void check_indices(const at::Tensor& idx, int64_t n, const char* what) {
   }
 }
 
-using schnet_detail::widen;  // bf16 as the upper half of a float32 (bf16_bits.h)
+using bf16_bits::widen;  // bf16 as the upper half of a float32 (bf16_bits.h)
 
 // `pair` null: W row e for edge e; else W row pair[e] (one filter per pair).
 // Sums in A (float for bfloat16 inputs, else T).

@@ -8,7 +8,7 @@
 // IEEE arithmetic (no -ffinite-math-only).
 
 #include "crucible/models/shifted_softplus.h"
-#include "bf16_bits.h"
+#include "../bf16_bits.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -33,8 +33,8 @@ __attribute__((simd("notinbranch"))) double log(double) noexcept;
 namespace crucible {
 namespace {
 
-using schnet_detail::narrow;
-using schnet_detail::widen;
+using bf16_bits::narrow;
+using bf16_bits::widen;
 using torch::autograd::AutogradContext;
 using torch::autograd::Function;
 using torch::autograd::variable_list;

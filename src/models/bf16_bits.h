@@ -1,6 +1,6 @@
 #pragma once
-// bfloat16 <-> float by bit shifts, for the hand-written SchNet loops
-// (cfconv.cpp, shifted_softplus.cpp). Internal to src/models/schnet.
+// bfloat16 <-> float by bit shifts, for the hand-written model loops
+// (schnet/cfconv.cpp, schnet/shifted_softplus.cpp). Internal to src/models.
 //
 // bfloat16 is the upper half of a float32 (Kalamkar et al., "A Study of
 // BFLOAT16 for Deep Learning Training", arXiv:1905.12322). c10::BFloat16's
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace crucible::schnet_detail {
+namespace crucible::bf16_bits {
 
 /// A value in its compute type: float for bfloat16 (exact), else itself.
 inline float widen(c10::BFloat16 v) {
@@ -40,4 +40,4 @@ inline c10::BFloat16 narrow<c10::BFloat16, float>(float v) {
   return out;
 }
 
-}  // namespace crucible::schnet_detail
+}  // namespace crucible::bf16_bits
