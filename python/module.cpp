@@ -7,6 +7,7 @@
 // LibTorch is the same shared build as Debian's python3-torch, so the module
 // imports beside `import torch`. The GIL is released while it computes.
 
+#include "crucible/common/dtype_names.h"
 #include "crucible/cli/commands.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/data/batch.h"
@@ -51,10 +52,9 @@ class Model {
  public:
   Model(const std::string& path, const std::string& dtype) {
     loaded_ = load_model(model_directory(path));  // a run directory or its model.pt
-    if (dtype != "float64" && dtype != "float32") {
-      throw std::invalid_argument("dtype must be \"float64\" or \"float32\", got \"" + dtype + "\"");
-    }
-    dtype_ = dtype == "float64" ? at::kDouble : at::kFloat;
+    const auto t = dtype_from_name(dtype);
+    if (!t) throw std::invalid_argument("dtype must be " + dtype_choices() + ", got \"" + dtype + "\"");
+    dtype_ = *t;
     loaded_.model->module().to(dtype_);
     loaded_.model->module().eval();
   }
@@ -76,7 +76,7 @@ class Model {
     d["hyperparameters"] = m.hyperparameters.dump();
     d["trained_dtype"] = m.dtype;
     d["min_distance"] = m.min_distance ? *m.min_distance : 0.1;
-    d["dtype"] = dtype_ == at::kDouble ? "float64" : "float32";
+    d["dtype"] = dtype_name(dtype_);
     d["units"] = py::dict(py::arg("energy") = "eV", py::arg("forces") = "eV/Å", py::arg("stress") = "eV/Å^3",
                           py::arg("length") = "Å");
     return d;

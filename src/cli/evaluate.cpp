@@ -1,5 +1,6 @@
 // `crucible evaluate`: error metrics of a trained model on an extxyz file.
 
+#include "crucible/common/dtype_names.h"
 #include "crucible/cli/commands.h"
 #include "crucible/cli/training_setup.h"
 #include "crucible/cli/model_io.h"
@@ -197,7 +198,7 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
   EvaluateOptions eo;
   eo.batch_size = req.batch_size;
   eo.stress = true;
-  eo.dtype = loaded.meta.dtype == "float64" ? at::kDouble : at::kFloat;
+  eo.dtype = dtype_from_name(loaded.meta.dtype).value_or(at::kFloat);  // load_model checked it
   loaded.model->module().to(device);
   const ValidationSummary v = evaluate_model(*loaded.model, dataset, device, eo);
 

@@ -2,6 +2,7 @@
 
 #include "crucible/cli/kim_settings.h"
 
+#include "crucible/common/dtype_names.h"
 #include "crucible/common/error.h"
 
 #include <nlohmann/json.hpp>
@@ -11,14 +12,13 @@
 namespace crucible {
 
 at::ScalarType kim_dtype(const std::string& name, const std::string& what) {
-  if (name == "float64") return at::kDouble;
-  if (name == "float32") return at::kFloat;
-  throw ConfigError(what + ": expected float64 or float32, got '" + name + "'");
+  if (const auto t = dtype_from_name(name)) return *t;
+  throw ConfigError(what + ": expected " + dtype_choices() + ", got '" + name + "'");
 }
 
 std::string kim_settings_json(const KimSettings& settings) {
   nlohmann::json j;
-  j["dtype"] = settings.dtype == at::kFloat ? "float32" : "float64";
+  j["dtype"] = dtype_name(settings.dtype);
   return j.dump(2) + "\n";
 }
 

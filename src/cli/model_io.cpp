@@ -1,5 +1,6 @@
 // model.pt (LibTorch archive) + model.json (metadata) of a trained model.
 
+#include "crucible/common/dtype_names.h"
 #include "crucible/cli/model_io.h"
 
 #include "crucible/checkpoint/tensor_archive.h"
@@ -138,9 +139,8 @@ LoadedModel load_model(const std::string& run_dir) {
     }
     meta.hyperparameters = j.at("hyperparameters");
     meta.dtype = j.at("dtype").get<std::string>();
-    if (meta.dtype != "float32" && meta.dtype != "float64") {
-      throw DataError(json_path.string() + ": dtype must be float32 or float64, got \"" +
-                      meta.dtype + "\"");
+    if (!dtype_from_name(meta.dtype)) {
+      throw DataError(json_path.string() + ": dtype must be " + dtype_choices() + ", got \"" + meta.dtype + "\"");
     }
     for (const auto& z : j.at("atomic_numbers")) meta.atomic_numbers.push_back(z.get<int64_t>());
     for (const auto& [sym, v] : j.at("e0_eV").items()) meta.e0[atomic_number(sym)] = v.get<double>();
@@ -179,7 +179,7 @@ LoadedModel load_model(const std::string& run_dir) {
     throw DataError(json_path.string() + ": invalid hyperparameters: " + e.what());
   }
   torch::nn::Module& module = out.model->module();
-  module.to(meta.dtype == "float64" ? at::kDouble : at::kFloat);
+  module.to(dtype_from_name(meta.dtype).value_or(at::kFloat));  // checked above
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& p : module.named_parameters()) shapes[p.key()] = p.value().sizes().vec();
   for (const auto& b : module.named_buffers()) shapes[b.key()] = b.value().sizes().vec();

@@ -1,5 +1,6 @@
 // `crucible train`: config + data in, run directory out.
 
+#include "crucible/common/dtype_names.h"
 #include "crucible/cli/commands.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/cli/learning_curve.h"
@@ -318,7 +319,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   Config& config = setup.config;
   const auto& tc = config.training;
   const at::Device device = setup.device;
-  const std::string dtype_name = setup.dtype == at::kDouble ? "float64" : "float32";
+  const std::string dtype_name = ::crucible::dtype_name(setup.dtype);
   const std::string& train_path = config.data.train_file;
   const auto& train = setup.train;
   const auto& valid = setup.valid;

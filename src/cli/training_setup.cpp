@@ -1,5 +1,6 @@
 // build_training / load_training_from_checkpoint: a run from its recipe.
 
+#include "crucible/common/dtype_names.h"
 #include "crucible/cli/training_setup.h"
 
 #include "crucible/cli/e0s.h"
@@ -128,8 +129,8 @@ TrainingSetup build_training(const Config& input_config,
   // training.precision (issue 3) overrides training.dtype; unset = follow it.
   const at::ScalarType dtype =
       tc.precision ? (*tc.precision == "64-true" ? at::kDouble : at::kFloat)
-                   : (tc.dtype == "float64" ? at::kDouble : at::kFloat);
-  const std::string dtype_name = dtype == at::kDouble ? "float64" : "float32";
+                   : dtype_from_name(tc.dtype).value_or(at::kFloat);  // the config checked float32 | float64
+  const std::string dtype_name = ::crucible::dtype_name(dtype);
   // Issue 19: bf16 on a CPU that emulates it is slower than 32-true; say so.
   if (tc.precision && tc.precision->rfind("bf16", 0) == 0 && device.is_cpu()) {
     const std::string flags = read_cpu_flags();

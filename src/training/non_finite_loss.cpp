@@ -70,7 +70,9 @@ UpdateDecision NonFiniteLossGuard::operator()(TrainContext& ctx, TrainingStage s
   if (stage != TrainingStage::DO_OPTIMIZER_STEP) return {true, ctx.loss};
   if (ctx.loss.defined() && pending_.empty()) {
     const double loss = ctx.loss.detach().to(at::kDouble).sum().item<double>();
-    if (!std::isfinite(loss)) pending_ = fmt::format("non-finite loss ({}) at {}", loss, where(ctx));
+    // A NaN prints as "nan" whatever its sign bit (x86's default NaN is "-nan").
+    if (!std::isfinite(loss))
+      pending_ = fmt::format("non-finite loss ({}) at {}", std::isnan(loss) ? "nan" : fmt::format("{}", loss), where(ctx));
   }
   if (will_skip) return {true, ctx.loss};  // an earlier hook keeps this step from running
   GradScaler* scaler = active_scaler(ctx);

@@ -1,6 +1,7 @@
 // StrategyOptions <-> JSON (seed 002 to_spec_dict / from_spec_dict).
 // See include/crucible/training/strategy_spec.h.
 
+#include "crucible/common/dtype_names.h"
 #include "crucible/training/strategy_spec.h"
 
 #include "crucible/common/error.h"
@@ -13,16 +14,6 @@ namespace crucible {
 namespace {
 
 using json = nlohmann::json;
-
-std::string dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    default: return c10::toString(t);
-  }
-}
 
 template <class T>
 json opt(const std::optional<T>& v) {
@@ -210,11 +201,11 @@ OptimizerConfig optimizer_from_json(const json& j, const std::string& path) {
   return o;
 }
 
-at::ScalarType dtype_from_name(const std::string& name, const std::string& path) {
-  for (at::ScalarType t : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
-    if (dtype_name(t) == name) return t;
-  }
-  throw ConfigError(path + ": expected one of float32, float64, bfloat16, float16, got \"" + name + "\"");
+constexpr std::initializer_list<at::ScalarType> kSpecDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf};
+
+at::ScalarType spec_dtype(const std::string& name, const std::string& path) {
+  if (const auto t = dtype_from_name(name, kSpecDtypes)) return *t;
+  throw ConfigError(path + ": expected " + dtype_choices(kSpecDtypes) + ", got \"" + name + "\"");
 }
 
 }  // namespace
@@ -281,7 +272,7 @@ StrategyOptions strategy_options_from_spec(const std::string& spec_json, const S
             optimizer_from_json(list[i], path + "[" + std::to_string(i) + "]"));
       }
     }
-    o.dtype = dtype_from_name(r.string("dtype"), r.path("dtype"));
+    o.dtype = spec_dtype(r.string("dtype"), r.path("dtype"));
     o.precision = r.string("precision");
     if (r.boolean("precision_plugin") && !runtime.precision_plugin) {
       throw ConfigError("spec.precision_plugin: the spec was written with a precision plugin "

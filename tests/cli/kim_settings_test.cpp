@@ -41,7 +41,7 @@ TEST(KimSettings, DtypeNamesMapToScalarTypesAndOthersAreRefused) {
     kim_dtype("bfloat16", "--dtype");
     FAIL() << "bfloat16 accepted";
   } catch (const ConfigError& e) {
-    EXPECT_EQ(std::string(e.what()), "--dtype: expected float64 or float32, got 'bfloat16'");
+    EXPECT_EQ(std::string(e.what()), "--dtype: expected float32 or float64, got 'bfloat16'");
   }
 }
 
@@ -61,7 +61,7 @@ TEST(KimSettings, BadFilesNameTheFileAndWhatWasExpected) {
   const std::string unknown = write("unknown.json", R"({"dtype": "float32", "precision": "high"})");
   EXPECT_EQ(error_of(unknown), unknown + ": unknown key 'precision' (known: dtype)");
   const std::string bad = write("bad.json", R"({"dtype": "float16"})");
-  EXPECT_EQ(error_of(bad), bad + ": dtype: expected float64 or float32, got 'float16'");
+  EXPECT_EQ(error_of(bad), bad + ": dtype: expected float32 or float64, got 'float16'");
   const std::string number = write("number.json", R"({"dtype": 32})");
   EXPECT_EQ(error_of(number), number + ": dtype must be \"float64\" or \"float32\"");
   const std::string list = write("list.json", R"(["float32"])");
