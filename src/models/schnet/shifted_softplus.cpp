@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 
 #if defined(__x86_64__) && defined(__GLIBC__)
@@ -75,6 +76,26 @@ inline void ssp_second_loop(const T* gg, const T* g, const T* s, T* d_g, T* d_x,
   }
 }
 
+// bfloat16 through float32 blocks: widen a block, run the float loop on it,
+// round the results once. The loop on bfloat16 directly mixed the
+// conversions into the exp/log code, and the compiler ran it at half width
+// (452 µs against 189 µs in float32 for [5888, 64], bench_activations).
+__attribute__((always_inline)) inline void ssp_sigmoid_bf16_blocks(const c10::BFloat16* x, c10::BFloat16* y, c10::BFloat16* s, int64_t n) {
+  constexpr int64_t kBlock = 256;
+  alignas(64) float xf[kBlock], yf[kBlock], sf[kBlock];
+  for (int64_t k0 = 0; k0 < n; k0 += kBlock) {
+    const int64_t m = std::min(kBlock, n - k0);
+#pragma omp simd
+    for (int64_t k = 0; k < m; ++k) xf[k] = widen(x[k0 + k]);
+    ssp_sigmoid_loop<float, float>(xf, yf, sf, m);
+#pragma omp simd
+    for (int64_t k = 0; k < m; ++k) {
+      y[k0 + k] = narrow<c10::BFloat16, float>(yf[k]);
+      s[k0 + k] = narrow<c10::BFloat16, float>(sf[k]);
+    }
+  }
+}
+
 #define CRUCIBLE_SSP_INSTANCES(T, A, NAME)                                                                 \
   CRUCIBLE_SSP_CLONES void ssp_sigmoid_##NAME(const T* x, T* y, T* s, int64_t n) {                         \
     ssp_sigmoid_loop<T, A>(x, y, s, n);                                                                    \
@@ -89,8 +110,21 @@ inline void ssp_second_loop(const T* gg, const T* g, const T* s, T* d_g, T* d_x,
   }
 CRUCIBLE_SSP_INSTANCES(float, float, f)
 CRUCIBLE_SSP_INSTANCES(double, double, d)
-CRUCIBLE_SSP_INSTANCES(c10::BFloat16, float, bf)
 #undef CRUCIBLE_SSP_INSTANCES
+CRUCIBLE_SSP_CLONES void ssp_sigmoid_bf(const c10::BFloat16* x, c10::BFloat16* y, c10::BFloat16* s, int64_t n) {
+  ssp_sigmoid_bf16_blocks(x, y, s, n);
+}
+CRUCIBLE_SSP_CLONES void ssp_second_bf(const c10::BFloat16* gg, const c10::BFloat16* g, const c10::BFloat16* s,
+                                       c10::BFloat16* d_g, c10::BFloat16* d_x, int64_t n) {
+  ssp_second_loop<c10::BFloat16, float>(gg, g, s, d_g, d_x, n);
+}
+inline void ssp_sigmoid_any(const c10::BFloat16* x, c10::BFloat16* y, c10::BFloat16* s, int64_t n) {
+  ssp_sigmoid_bf(x, y, s, n);
+}
+inline void ssp_second_any(const c10::BFloat16* gg, const c10::BFloat16* g, const c10::BFloat16* s,
+                           c10::BFloat16* d_g, c10::BFloat16* d_x, int64_t n) {
+  ssp_second_bf(gg, g, s, d_g, d_x, n);
+}
 
 bool loop_ok(const at::Tensor& t) {
   return t.device().is_cpu() &&
