@@ -11,6 +11,7 @@
 #include "crucible/models/shifted_softplus.h"
 #include "helpers.h"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <cmath>
 #include <optional>
@@ -107,6 +108,20 @@ TEST(FastPath, ShiftedSoftplusAndSigmoidLoopMatchesLibmInEveryDtype) {
   auto [yc, sc] = shifted_softplus_and_sigmoid(strided.contiguous());
   EXPECT_TRUE(yt.equal(yc));
   EXPECT_TRUE(st.equal(sc));
+  // Threads split the elements (at::parallel_for): the same values on 1
+  // and 2 threads, bf16 blocks included.
+  const int threads = at::get_num_threads();
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor big = (at::randn({100003}, at::kFloat) * 4.0).to(dt);
+    at::set_num_threads(1);
+    auto [y1, s1] = shifted_softplus_and_sigmoid(big);
+    at::set_num_threads(2);
+    auto [y2, s2] = shifted_softplus_and_sigmoid(big);
+    at::set_num_threads(threads);
+    EXPECT_TRUE(y1.equal(y2)) << dt;
+    EXPECT_TRUE(s1.equal(s2)) << dt;
+    EXPECT_TRUE(y1.equal(shifted_softplus_and_sigmoid(big.clone()).first)) << dt;
+  }
 }
 
 // The second-order loop in float32 and bfloat16 against the closed forms

@@ -131,8 +131,18 @@ bool loop_ok(const at::Tensor& t) {
          (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble || t.scalar_type() == at::kBFloat16);
 }
 
-// Element ranges of this size run in parallel (at::parallel_for).
-constexpr int64_t kGrain = 32768;
+// Runs f(k0, k1) over [0, n) in parallel, in ranges that start at multiples
+// of 1024 elements whatever the thread count: the loops' scalar remainders
+// (glibc's scalar expf, not its vector variant) then fall on the same
+// elements, so results do not depend on the threads.
+template <class F>
+void for_aligned_ranges(int64_t n, const F& f) {
+  constexpr int64_t kAlign = 1024, kGrainBlocks = 32;  // at least 32768 elements per task
+  const int64_t blocks = (n + kAlign - 1) / kAlign;
+  at::parallel_for(0, blocks, kGrainBlocks, [&](int64_t b0, int64_t b1) {
+    f(b0 * kAlign, std::min(n, b1 * kAlign));
+  });
+}
 
 /// d_g = gg σ, d_x = gg g σ(1 − σ): one pass on the CPU, else ATen ops.
 std::pair<at::Tensor, at::Tensor> ssp_second_order(const at::Tensor& gg, const at::Tensor& g, const at::Tensor& s) {
@@ -147,7 +157,7 @@ std::pair<at::Tensor, at::Tensor> ssp_second_order(const at::Tensor& gg, const a
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, sc.scalar_type(), "ssp_second_order", [&] {
     const scalar_t *a = ggc.data_ptr<scalar_t>(), *b = gc.data_ptr<scalar_t>(), *c = sc.data_ptr<scalar_t>();
     scalar_t *o1 = d_g.data_ptr<scalar_t>(), *o2 = d_x.data_ptr<scalar_t>();
-    at::parallel_for(0, sc.numel(), kGrain, [&](int64_t k0, int64_t k1) {
+    for_aligned_ranges(sc.numel(), [&](int64_t k0, int64_t k1) {
       ssp_second_any(a + k0, b + k0, c + k0, o1 + k0, o2 + k0, k1 - k0);
     });
   });
@@ -193,7 +203,7 @@ std::pair<at::Tensor, at::Tensor> shifted_softplus_and_sigmoid(const at::Tensor&
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "shifted_softplus", [&] {
     const scalar_t* in = xc.data_ptr<scalar_t>();
     scalar_t *out = y.data_ptr<scalar_t>(), *sig = s.data_ptr<scalar_t>();
-    at::parallel_for(0, xc.numel(), kGrain, [&](int64_t k0, int64_t k1) {
+    for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
       ssp_sigmoid_any(in + k0, out + k0, sig + k0, k1 - k0);
     });
   });
