@@ -720,6 +720,14 @@ ValidationSummary TrainingStrategy::validate() {
   return *last_validation_;
 }
 
+void TrainingStrategy::run_end_stage() {
+  TrainContext end_ctx = make_context(nullptr);
+  run_hooks(TrainingStage::AFTER_TRAINING, end_ctx);
+  if (options_.validation) validate_and_step_metric_schedulers();
+  end_stage_done_ = true;  // before the end checkpoint, which records it
+  at_boundary(Boundary::kEnd);
+}
+
 void TrainingStrategy::run(DataLoader& given_loader) {
   stop_requested_ = stop_agreed_ = stopped_early_ = false;
   stop_reason_.clear();
@@ -762,6 +770,17 @@ void TrainingStrategy::run(DataLoader& given_loader) {
                                   static_cast<double>(left) * options_.epoch_step_modifier));
       }
       saved_world_size_.reset();
+    }
+    // Resumed from a checkpoint taken at the last step but before the end
+    // stage (AFTER_TRAINING, the final validation, the end checkpoint):
+    // run that stage now, so a run killed in between ends as an
+    // uninterrupted one does (issue 15).
+    const bool end_stage_pending = step_count >= target && step_count > 0 && !end_stage_done_;
+    if (step_count < target) end_stage_done_ = false;  // more steps: the end stage runs again
+    if (end_stage_pending) {
+      prepare_restart_counters(batches_per_epoch);
+      ensure_optimizer(target, /*for_run=*/true);
+      run_end_stage();
     }
     if (step_count < target) {
       prepare_restart_counters(batches_per_epoch);
@@ -815,12 +834,7 @@ void TrainingStrategy::run(DataLoader& given_loader) {
         }
         if (epoch_done) at_boundary(Boundary::kEpoch);
       }
-      if (!stopped_early_) {
-        TrainContext end_ctx = make_context(nullptr);
-        run_hooks(TrainingStage::AFTER_TRAINING, end_ctx);
-        if (options_.validation) validate_and_step_metric_schedulers();
-        at_boundary(Boundary::kEnd);
-      }
+      if (!stopped_early_) run_end_stage();
     }
   } catch (...) {
     active_dataloader_ = nullptr;

@@ -88,7 +88,8 @@ std::vector<std::pair<std::string, std::string>> TrainingStrategy::state_files()
                                               {"batch_count", at::scalar_tensor(batch_count, at::kLong)},
                                               {"epoch_count", at::scalar_tensor(epoch_count, at::kLong)},
                                               {"epoch_step_count", at::scalar_tensor(epoch_step_count, at::kLong)},
-                                              {"world_size", at::scalar_tensor(int64_t{world_size}, at::kLong)}}));
+                                              {"world_size", at::scalar_tensor(int64_t{world_size}, at::kLong)},
+                                              {"training_finished", at::scalar_tensor(int64_t{end_stage_done_}, at::kLong)}}));
   // Gradients of parameters no optimizer owns never land in a checkpoint
   // (seed 002 clears them before each batch).
   const std::set<const void*> owned = optimizer_owned_parameters();
@@ -188,6 +189,8 @@ void TrainingStrategy::restore_state_files(const std::map<std::string, std::stri
   batch_count = saved["batch_count"];
   epoch_count = saved["epoch_count"];
   epoch_step_count = saved["epoch_step_count"];
+  // Absent in checkpoints written before it existed: the end stage is pending.
+  end_stage_done_ = counters.count("training_finished") && counters.at("training_finished").item<int64_t>() != 0;
   // Another world size: run() re-bases the position in the epoch (issue 6).
   saved_world_size_.reset();
   if (counters.count("world_size")) {

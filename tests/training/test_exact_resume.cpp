@@ -252,3 +252,58 @@ TEST(ExactResume, MismatchedHooksAreRejectedNamingTheFile) {
 
 }  // namespace
 }  // namespace crucible
+
+namespace crucible {
+namespace {
+
+// Issue 15: a run killed after its last step but before the end stage
+// (AFTER_TRAINING, the final validation, the end checkpoint) resumes into
+// that stage once, and a run resumed after the end stage does not repeat
+// it. (checkpoint_sigkill found a killed run without the final validation
+// line that the uninterrupted run's metrics.jsonl has.)
+TEST(ExactResume, AfterTheLastStepTheEndStageRunsOnce) {
+  at::set_num_threads(1);
+  Data d;
+  const int64_t total = 9;
+  int ends = 0;
+  std::vector<std::pair<std::string, std::string>> before_end;
+  auto count_ends = [&](ResumeRun& r, bool capture) {
+    r.strategy->register_hook(std::make_shared<LambdaHook>(
+        "count_ends", std::set<TrainingStage>{TrainingStage::AFTER_TRAINING},
+        [&, capture](TrainContext& ctx, TrainingStage) {
+          ++ends;
+          if (capture) before_end = ctx.strategy->state_files();  // as the last epoch's checkpoint
+        }));
+  };
+  ResumeRun full(Case{"end"}, d, total, 0, 1);
+  count_ends(full, true);
+  auto l1 = loader(d);
+  full.strategy->run(l1);
+  ASSERT_EQ(ends, 1);
+  ASSERT_TRUE(full.strategy->last_validation());
+  ASSERT_FALSE(before_end.empty());
+
+  ResumeRun resumed(Case{"end"}, d, total, 0, 99);
+  count_ends(resumed, false);
+  resumed.strategy->restore_state_files(std::map<std::string, std::string>(before_end.begin(), before_end.end()));
+  ASSERT_FALSE(resumed.strategy->last_validation());
+  auto l2 = loader(d);
+  resumed.strategy->run(l2);
+  EXPECT_EQ(ends, 2) << "the resumed run must run the end stage";
+  EXPECT_TRUE(resumed.losses.empty()) << "no step is left";
+  ASSERT_TRUE(resumed.strategy->last_validation());
+  EXPECT_EQ(resumed.strategy->last_validation()->forces_mae, full.strategy->last_validation()->forces_mae);
+  EXPECT_EQ(resumed.strategy->step_count, total);
+
+  // Its state now records the end stage: a further resume does not repeat it.
+  const auto after_end = resumed.strategy->state_files();
+  ResumeRun again(Case{"end"}, d, total, 0, 5);
+  count_ends(again, false);
+  again.strategy->restore_state_files(std::map<std::string, std::string>(after_end.begin(), after_end.end()));
+  auto l3 = loader(d);
+  again.strategy->run(l3);
+  EXPECT_EQ(ends, 2) << "the end stage ran again after a resume past it";
+}
+
+}  // namespace
+}  // namespace crucible

@@ -454,6 +454,9 @@ class TrainingStrategy {
   // registered, or StrategyOptions::stop_on_non_finite is false.
   void ensure_non_finite_loss_guard();
   void agree_on_stop_request();
+  // AFTER_TRAINING hooks, the final validation (when configured), then the
+  // end boundary (the end checkpoint); marks end_stage_done_ before it.
+  void run_end_stage();
   void run_hooks(TrainingStage stage, TrainContext& ctx);
   void install_hooks(std::vector<std::shared_ptr<Hook>> hooks);
   class RunScope;
@@ -528,6 +531,9 @@ class TrainingStrategy {
   bool stop_agreed_ = false;           ///< the decision every worker acts on
   std::optional<bool> reduced_stop_;   ///< agreed in this batch's gradient all-reduce
   bool stopped_early_ = false;
+  /// The end stage (AFTER_TRAINING, final validation, end checkpoint) ran
+  /// after the last step; saved in counters.pt as training_finished.
+  bool end_stage_done_ = false;
   std::vector<BoundaryCallback> boundary_callbacks_;
   void at_boundary(Boundary b) {
     for (auto& fn : boundary_callbacks_) fn(*this, b);
