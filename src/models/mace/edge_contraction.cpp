@@ -41,9 +41,10 @@ inline int64_t weight_row(const Sizes& z, int64_t e) { return z.w_row ? z.w_row[
 
 // acc[c] = Σ_i t[i] x[i, c]: one table row against the sender's [D, C]
 // features (the message and weights slots).
-template <class S>
-inline void contract_components(const S* __restrict t, const S* __restrict x, int64_t D, int64_t C,
+template <class S, int64_t CC>
+inline void contract_components(const S* __restrict t, const S* __restrict x, int64_t D, int64_t channels,
                                 S* __restrict acc) {
+  const int64_t C = CC > 0 ? CC : channels;
   const S t0 = t[0];
 #pragma omp simd
   for (int64_t c = 0; c < C; ++c) acc[c] = t0 * x[c];
@@ -55,19 +56,22 @@ inline void contract_components(const S* __restrict t, const S* __restrict x, in
   }
 }
 
-template <class S>
+template <class S, int64_t CC>
 inline void message_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T, const S* __restrict x,
                          const int64_t* recv, const int64_t* send, const int64_t* path, S* __restrict out,
-                         const Sizes& z, S* __restrict acc) {
+                         const Sizes& z, S* __restrict acc_buf) {
+  // A compile-time channel count keeps the row accumulator in registers.
+  S acc_local[CC > 0 ? CC : 1];
+  S* __restrict acc = CC > 0 ? acc_local : acc_buf;
   (void)g;
-  const int64_t R = z.R, D = z.D, C = z.C, P = z.P;
+  const int64_t R = z.R, D = z.D, C = CC > 0 ? CC : z.C, P = z.P;
   for (int64_t e = 0; e < z.E; ++e) {
     const S* __restrict xs = x + send[e] * D * C;
     S* __restrict o = out + recv[e] * R * C;
     for (int64_t r = 0; r < R; ++r) {
       const S* t = T + (e * R + r) * D;
       const S* __restrict we = w + (weight_row(z, e) * P + path[r]) * C;
-      contract_components(t, xs, D, C, acc);
+      contract_components<S, CC>(t, xs, D, C, acc);
       S* __restrict orow = o + r * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) orow[c] += we[c] * acc[c];
@@ -75,10 +79,13 @@ inline void message_loop(const S* __restrict g, const S* __restrict w, const S* 
   }
 }
 
-template <class S>
+template <class S, int64_t CC>
 inline void input_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T, const int64_t* recv,
-                       const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, S* __restrict tmp) {
-  const int64_t R = z.R, D = z.D, C = z.C, P = z.P;
+                       const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, S* __restrict tmp_buf) {
+  // A compile-time channel count keeps the row accumulator in registers.
+  S tmp_local[CC > 0 ? CC : 1];
+  S* __restrict tmp = CC > 0 ? tmp_local : tmp_buf;
+  const int64_t R = z.R, D = z.D, C = CC > 0 ? CC : z.C, P = z.P;
   for (int64_t e = 0; e < z.E; ++e) {
     const S* __restrict gr = g + recv[e] * R * C;
     S* __restrict o = out + send[e] * D * C;
@@ -100,16 +107,19 @@ inline void input_loop(const S* __restrict g, const S* __restrict w, const S* __
 
 // out[row, p, c] += g[recv, r, c] Σ_i T[e, r, i] x[send, i, c] for edge e into
 // its weight row; with pairs, `begin`..`end` are pairs and each sums its edges.
-template <class S>
+template <class S, int64_t CC>
 inline void weights_edge(const S* __restrict g, const S* __restrict T, const S* __restrict x, const int64_t* recv,
                          const int64_t* send, const int64_t* path, S* __restrict o, const Sizes& z, int64_t e,
-                         S* __restrict acc) {
-  const int64_t R = z.R, D = z.D, C = z.C;
+                         S* __restrict acc_buf) {
+  // A compile-time channel count keeps the row accumulator in registers.
+  S acc_local[CC > 0 ? CC : 1];
+  S* __restrict acc = CC > 0 ? acc_local : acc_buf;
+  const int64_t R = z.R, D = z.D, C = CC > 0 ? CC : z.C;
   const S* __restrict xs = x + send[e] * D * C;
   const S* __restrict gr = g + recv[e] * R * C;
   for (int64_t r = 0; r < R; ++r) {
     const S* t = T + (e * R + r) * D;
-    contract_components(t, xs, D, C, acc);
+    contract_components<S, CC>(t, xs, D, C, acc);
     S* __restrict orow = o + path[r] * C;
     const S* __restrict grr = gr + r * C;
 #pragma omp simd
@@ -117,20 +127,20 @@ inline void weights_edge(const S* __restrict g, const S* __restrict T, const S* 
   }
 }
 
-template <class S>
+template <class S, int64_t CC>
 inline void weights_loop(const S* __restrict g, const S* __restrict T, const S* __restrict x, const int64_t* recv,
                          const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, int64_t begin,
                          int64_t end, S* __restrict acc) {
-  const int64_t PC = z.P * z.C;
+  const int64_t PC = z.P * (CC > 0 ? CC : z.C);
   for (int64_t q = begin; q < end; ++q) {
     S* __restrict o = out + q * PC;
     if (z.fresh_weights) std::fill(o, o + PC, S(0));
     if (!z.w_row) {
-      weights_edge(g, T, x, recv, send, path, o, z, q, acc);
+      weights_edge<S, CC>(g, T, x, recv, send, path, o, z, q, acc);
       continue;
     }
     for (int64_t k = z.pair_offsets[q]; k < z.pair_offsets[q + 1]; ++k)
-      weights_edge(g, T, x, recv, send, path, o, z, z.pair_order[k], acc);
+      weights_edge<S, CC>(g, T, x, recv, send, path, o, z, z.pair_order[k], acc);
   }
 }
 
@@ -138,15 +148,18 @@ inline void weights_loop(const S* __restrict g, const S* __restrict T, const S* 
 // compiler's reduction of an `omp simd` sum was a chain of 16 dependent
 // scalar adds per call, half of table_f's time in perf (Zen 5, C = 32).
 constexpr int64_t kLanes = 16;
-template <class S>
-inline S dot_tree(const S* __restrict a, const S* __restrict b, int64_t n) {
+template <class S, int64_t CC>
+inline S dot_tree(const S* __restrict a, const S* __restrict b, int64_t len) {
+  const int64_t n = CC > 0 ? CC : len;
   S part[kLanes] = {};
   int64_t c = 0;
   for (; c + kLanes <= n; c += kLanes) {
 #pragma omp simd
     for (int64_t l = 0; l < kLanes; ++l) part[l] += a[c + l] * b[c + l];
   }
-  for (int64_t l = 0; c < n; ++c, ++l) part[l] += a[c] * b[c];
+  if constexpr (CC == 0 || CC % kLanes != 0) {
+    for (int64_t l = 0; c < n; ++c, ++l) part[l] += a[c] * b[c];
+  }
   for (int64_t w = kLanes / 2; w > 0; w /= 2) {
 #pragma omp simd
     for (int64_t l = 0; l < w; ++l) part[l] += part[l + w];
@@ -154,11 +167,14 @@ inline S dot_tree(const S* __restrict a, const S* __restrict b, int64_t n) {
   return part[0];
 }
 
-template <class S>
+template <class S, int64_t CC>
 inline void table_loop(const S* __restrict g, const S* __restrict w, const S* __restrict x, const int64_t* recv,
                        const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, int64_t begin,
-                       int64_t end, S* __restrict tmp) {
-  const int64_t R = z.R, D = z.D, C = z.C, P = z.P;
+                       int64_t end, S* __restrict tmp_buf) {
+  // A compile-time channel count keeps the row accumulator in registers.
+  S tmp_local[CC > 0 ? CC : 1];
+  S* __restrict tmp = CC > 0 ? tmp_local : tmp_buf;
+  const int64_t R = z.R, D = z.D, C = CC > 0 ? CC : z.C, P = z.P;
   for (int64_t e = begin; e < end; ++e) {
     const S* __restrict xs = x + send[e] * D * C;
     const S* __restrict gr = g + recv[e] * R * C;
@@ -168,7 +184,7 @@ inline void table_loop(const S* __restrict g, const S* __restrict w, const S* __
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) tmp[c] = we[c] * grr[c];
       S* o = out + (e * R + r) * D;
-      for (int64_t i = 0; i < D; ++i) o[i] = dot_tree(tmp, xs + i * C, C);
+      for (int64_t i = 0; i < D; ++i) o[i] = dot_tree<S, CC>(tmp, xs + i * C, C);
     }
   }
 }
@@ -176,61 +192,93 @@ inline void table_loop(const S* __restrict g, const S* __restrict w, const S* __
 // One instantiation per dtype and loop, each cloned for the vector ISAs.
 CRUCIBLE_SIMD_CLONES void message_f(const float* g, const float* w, const float* T, const float* x, const int64_t* rv,
                                     const int64_t* sd, const int64_t* p, float* o, const Sizes& z, float* a) {
-  message_loop<float>(g, w, T, x, rv, sd, p, o, z, a);
+  message_loop<float, 0>(g, w, T, x, rv, sd, p, o, z, a);
 }
 CRUCIBLE_SIMD_CLONES void message_d(const double* g, const double* w, const double* T, const double* x,
                                     const int64_t* rv, const int64_t* sd, const int64_t* p, double* o, const Sizes& z,
                                     double* a) {
-  message_loop<double>(g, w, T, x, rv, sd, p, o, z, a);
+  message_loop<double, 0>(g, w, T, x, rv, sd, p, o, z, a);
 }
 CRUCIBLE_SIMD_CLONES void input_f(const float* g, const float* w, const float* T, const int64_t* rv, const int64_t* sd,
                                   const int64_t* p, float* o, const Sizes& z, float* a) {
-  input_loop<float>(g, w, T, rv, sd, p, o, z, a);
+  input_loop<float, 0>(g, w, T, rv, sd, p, o, z, a);
 }
 CRUCIBLE_SIMD_CLONES void input_d(const double* g, const double* w, const double* T, const int64_t* rv,
                                   const int64_t* sd, const int64_t* p, double* o, const Sizes& z, double* a) {
-  input_loop<double>(g, w, T, rv, sd, p, o, z, a);
+  input_loop<double, 0>(g, w, T, rv, sd, p, o, z, a);
 }
 CRUCIBLE_SIMD_CLONES void weights_f(const float* g, const float* T, const float* x, const int64_t* rv,
                                     const int64_t* sd, const int64_t* p, float* o, const Sizes& z, int64_t b,
                                     int64_t e, float* a) {
-  weights_loop<float>(g, T, x, rv, sd, p, o, z, b, e, a);
+  weights_loop<float, 0>(g, T, x, rv, sd, p, o, z, b, e, a);
 }
 CRUCIBLE_SIMD_CLONES void weights_d(const double* g, const double* T, const double* x, const int64_t* rv,
                                     const int64_t* sd, const int64_t* p, double* o, const Sizes& z, int64_t b,
                                     int64_t e, double* a) {
-  weights_loop<double>(g, T, x, rv, sd, p, o, z, b, e, a);
+  weights_loop<double, 0>(g, T, x, rv, sd, p, o, z, b, e, a);
 }
 CRUCIBLE_SIMD_CLONES void table_f(const float* g, const float* w, const float* x, const int64_t* rv, const int64_t* sd,
                                   const int64_t* p, float* o, const Sizes& z, int64_t b, int64_t e, float* a) {
-  table_loop<float>(g, w, x, rv, sd, p, o, z, b, e, a);
+  table_loop<float, 0>(g, w, x, rv, sd, p, o, z, b, e, a);
 }
 CRUCIBLE_SIMD_CLONES void table_d(const double* g, const double* w, const double* x, const int64_t* rv,
                                   const int64_t* sd, const int64_t* p, double* o, const Sizes& z, int64_t b,
                                   int64_t e, double* a) {
-  table_loop<double>(g, w, x, rv, sd, p, o, z, b, e, a);
+  table_loop<double, 0>(g, w, x, rv, sd, p, o, z, b, e, a);
+}
+
+// float32 with 32 channels (MACE's default 32x0e+32x1o features): the
+// channel loops and row accumulators have a compile-time size.
+CRUCIBLE_SIMD_CLONES void message_f32(const float* g, const float* w, const float* T, const float* x,
+                                      const int64_t* rv, const int64_t* sd, const int64_t* p, float* o, const Sizes& z,
+                                      float* a) {
+  message_loop<float, 32>(g, w, T, x, rv, sd, p, o, z, a);
+}
+CRUCIBLE_SIMD_CLONES void input_f32(const float* g, const float* w, const float* T, const int64_t* rv,
+                                    const int64_t* sd, const int64_t* p, float* o, const Sizes& z, float* a) {
+  input_loop<float, 32>(g, w, T, rv, sd, p, o, z, a);
+}
+CRUCIBLE_SIMD_CLONES void weights_f32(const float* g, const float* T, const float* x, const int64_t* rv,
+                                      const int64_t* sd, const int64_t* p, float* o, const Sizes& z, int64_t b,
+                                      int64_t e, float* a) {
+  weights_loop<float, 32>(g, T, x, rv, sd, p, o, z, b, e, a);
+}
+CRUCIBLE_SIMD_CLONES void table_f32(const float* g, const float* w, const float* x, const int64_t* rv,
+                                    const int64_t* sd, const int64_t* p, float* o, const Sizes& z, int64_t b,
+                                    int64_t e, float* a) {
+  table_loop<float, 32>(g, w, x, rv, sd, p, o, z, b, e, a);
 }
 
 void message_any(const float* g, const float* w, const float* T, const float* x, const int64_t* rv, const int64_t* sd,
-                 const int64_t* p, float* o, const Sizes& z, float* a) { message_f(g, w, T, x, rv, sd, p, o, z, a); }
+                 const int64_t* p, float* o, const Sizes& z, float* a) {
+  if (z.C == 32) message_f32(g, w, T, x, rv, sd, p, o, z, a);
+  else message_f(g, w, T, x, rv, sd, p, o, z, a);
+}
 void message_any(const double* g, const double* w, const double* T, const double* x, const int64_t* rv,
                  const int64_t* sd, const int64_t* p, double* o, const Sizes& z, double* a) {
   message_d(g, w, T, x, rv, sd, p, o, z, a);
 }
 void input_any(const float* g, const float* w, const float* T, const int64_t* rv, const int64_t* sd, const int64_t* p,
-               float* o, const Sizes& z, float* a) { input_f(g, w, T, rv, sd, p, o, z, a); }
+               float* o, const Sizes& z, float* a) {
+  if (z.C == 32) input_f32(g, w, T, rv, sd, p, o, z, a);
+  else input_f(g, w, T, rv, sd, p, o, z, a);
+}
 void input_any(const double* g, const double* w, const double* T, const int64_t* rv, const int64_t* sd,
                const int64_t* p, double* o, const Sizes& z, double* a) { input_d(g, w, T, rv, sd, p, o, z, a); }
 void weights_any(const float* g, const float* T, const float* x, const int64_t* rv, const int64_t* sd,
                  const int64_t* p, float* o, const Sizes& z, int64_t b, int64_t e, float* a) {
-  weights_f(g, T, x, rv, sd, p, o, z, b, e, a);
+  if (z.C == 32) weights_f32(g, T, x, rv, sd, p, o, z, b, e, a);
+  else weights_f(g, T, x, rv, sd, p, o, z, b, e, a);
 }
 void weights_any(const double* g, const double* T, const double* x, const int64_t* rv, const int64_t* sd,
                  const int64_t* p, double* o, const Sizes& z, int64_t b, int64_t e, double* a) {
   weights_d(g, T, x, rv, sd, p, o, z, b, e, a);
 }
 void table_any(const float* g, const float* w, const float* x, const int64_t* rv, const int64_t* sd, const int64_t* p,
-               float* o, const Sizes& z, int64_t b, int64_t e, float* a) { table_f(g, w, x, rv, sd, p, o, z, b, e, a); }
+               float* o, const Sizes& z, int64_t b, int64_t e, float* a) {
+  if (z.C == 32) table_f32(g, w, x, rv, sd, p, o, z, b, e, a);
+  else table_f(g, w, x, rv, sd, p, o, z, b, e, a);
+}
 void table_any(const double* g, const double* w, const double* x, const int64_t* rv, const int64_t* sd,
                const int64_t* p, double* o, const Sizes& z, int64_t b, int64_t e, double* a) {
   table_d(g, w, x, rv, sd, p, o, z, b, e, a);
