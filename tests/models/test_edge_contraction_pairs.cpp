@@ -71,34 +71,38 @@ TEST(EdgeContractionPairs, PairRowsEqualGatheredRowsToSecondOrder) {
 namespace crucible::mace {
 namespace {
 
-// Issue 19: float32 with 32 channels (MACE's default features) runs loops
-// with a compile-time channel count; each slot, with and without weight
-// pairs, against the generic loops in float64 on the same inputs.
-TEST(EdgeContractionPairs, ThirtyTwoChannelFloatLoopsMatchFloat64) {
-  at::manual_seed(11);
-  const int64_t N = 7, E = 400, Pp = 150, P = 3, R = 5, D = 3, C = 32;
-  const at::Tensor recv = at::randint(0, N, {E}, at::kLong), send = at::randint(0, N, {E}, at::kLong);
-  const at::Tensor pair = at::randint(0, Pp, {E}, at::kLong);
-  const at::Tensor row_path = at::tensor(std::vector<int64_t>{0, 1, 1, 2, 0}, at::kLong);
-  const PairEdges grouped = group_edges_by_pair(pair, Pp, at::stack({recv, send}));
-  const at::Tensor g = at::randn({N, R, C}), wp = at::randn({Pp, P, C});
-  const at::Tensor T = at::randn({E, R, D}), x = at::randn({N, D, C});
-  const at::Tensor we = wp.index_select(0, pair);
-  auto d = [](const at::Tensor& t) { return t.to(at::kDouble); };
-  for (bool paired : {false, true}) {
-    const at::Tensor& w = paired ? wp : we;
-    const PairEdges* pe = paired ? &grouped : nullptr;
-    for (EdgeSlot slot : {EdgeSlot::kMessage, EdgeSlot::kInput, EdgeSlot::kTable, EdgeSlot::kWeights}) {
-      auto arg = [&](EdgeSlot k, const at::Tensor& t) { return k == slot ? at::Tensor() : t; };
-      const at::Tensor f = edge_contraction(slot, arg(EdgeSlot::kMessage, g), arg(EdgeSlot::kWeights, w),
-                                            arg(EdgeSlot::kTable, T), arg(EdgeSlot::kInput, x), recv, send, row_path,
-                                            N, P, R, D, C, pe);
-      const at::Tensor r = edge_contraction(slot, arg(EdgeSlot::kMessage, d(g)), arg(EdgeSlot::kWeights, d(w)),
-                                            arg(EdgeSlot::kTable, d(T)), arg(EdgeSlot::kInput, d(x)), recv, send,
-                                            row_path, N, P, R, D, C, pe);
-      ASSERT_EQ(f.scalar_type(), at::kFloat);
-      EXPECT_GT(r.abs().max().item<double>(), 0.0);
-      EXPECT_LT(rel(d(f), r), 1e-5) << "slot " << static_cast<int>(slot) << " paired " << paired;
+// Issue 19: float32 with 32, 64 or 128 channels runs loops with a
+// compile-time channel count; each slot, with and without weight pairs,
+// against the generic loops in float64 on the same inputs (and 48 channels,
+// the generic float32 loops).
+TEST(EdgeContractionPairs, FixedChannelFloatLoopsMatchFloat64) {
+  for (int64_t C : {32, 64, 128, 48}) {
+    SCOPED_TRACE(C);
+    at::manual_seed(11);
+    const int64_t N = 7, E = 400, Pp = 150, P = 3, R = 5, D = 3;
+    const at::Tensor recv = at::randint(0, N, {E}, at::kLong), send = at::randint(0, N, {E}, at::kLong);
+    const at::Tensor pair = at::randint(0, Pp, {E}, at::kLong);
+    const at::Tensor row_path = at::tensor(std::vector<int64_t>{0, 1, 1, 2, 0}, at::kLong);
+    const PairEdges grouped = group_edges_by_pair(pair, Pp, at::stack({recv, send}));
+    const at::Tensor g = at::randn({N, R, C}), wp = at::randn({Pp, P, C});
+    const at::Tensor T = at::randn({E, R, D}), x = at::randn({N, D, C});
+    const at::Tensor we = wp.index_select(0, pair);
+    auto d = [](const at::Tensor& t) { return t.to(at::kDouble); };
+    for (bool paired : {false, true}) {
+      const at::Tensor& w = paired ? wp : we;
+      const PairEdges* pe = paired ? &grouped : nullptr;
+      for (EdgeSlot slot : {EdgeSlot::kMessage, EdgeSlot::kInput, EdgeSlot::kTable, EdgeSlot::kWeights}) {
+        auto arg = [&](EdgeSlot k, const at::Tensor& t) { return k == slot ? at::Tensor() : t; };
+        const at::Tensor f = edge_contraction(slot, arg(EdgeSlot::kMessage, g), arg(EdgeSlot::kWeights, w),
+                                              arg(EdgeSlot::kTable, T), arg(EdgeSlot::kInput, x), recv, send, row_path,
+                                              N, P, R, D, C, pe);
+        const at::Tensor r = edge_contraction(slot, arg(EdgeSlot::kMessage, d(g)), arg(EdgeSlot::kWeights, d(w)),
+                                              arg(EdgeSlot::kTable, d(T)), arg(EdgeSlot::kInput, d(x)), recv, send,
+                                              row_path, N, P, R, D, C, pe);
+        ASSERT_EQ(f.scalar_type(), at::kFloat);
+        EXPECT_GT(r.abs().max().item<double>(), 0.0);
+        EXPECT_LT(rel(d(f), r), 1e-5) << "slot " << static_cast<int>(slot) << " paired " << paired;
+      }
     }
   }
 }

@@ -227,32 +227,46 @@ CRUCIBLE_SIMD_CLONES void table_d(const double* g, const double* w, const double
   table_loop<double, 0>(g, w, x, rv, sd, p, o, z, b, e, a);
 }
 
-// float32 with 32 channels (MACE's default 32x0e+32x1o features): the
-// channel loops and row accumulators have a compile-time size.
-CRUCIBLE_SIMD_CLONES void message_f32(const float* g, const float* w, const float* T, const float* x,
-                                      const int64_t* rv, const int64_t* sd, const int64_t* p, float* o, const Sizes& z,
-                                      float* a) {
-  message_loop<float, 32>(g, w, T, x, rv, sd, p, o, z, a);
-}
-CRUCIBLE_SIMD_CLONES void input_f32(const float* g, const float* w, const float* T, const int64_t* rv,
-                                    const int64_t* sd, const int64_t* p, float* o, const Sizes& z, float* a) {
-  input_loop<float, 32>(g, w, T, rv, sd, p, o, z, a);
-}
-CRUCIBLE_SIMD_CLONES void weights_f32(const float* g, const float* T, const float* x, const int64_t* rv,
-                                      const int64_t* sd, const int64_t* p, float* o, const Sizes& z, int64_t b,
-                                      int64_t e, float* a) {
-  weights_loop<float, 32>(g, T, x, rv, sd, p, o, z, b, e, a);
-}
-CRUCIBLE_SIMD_CLONES void table_f32(const float* g, const float* w, const float* x, const int64_t* rv,
-                                    const int64_t* sd, const int64_t* p, float* o, const Sizes& z, int64_t b,
-                                    int64_t e, float* a) {
-  table_loop<float, 32>(g, w, x, rv, sd, p, o, z, b, e, a);
-}
+// float32 with 32, 64 or 128 channels (MACE's default 32x0e+32x1o; 64 and
+// 128 as in MACE-MP's models): the channel loops and row accumulators have
+// a compile-time size, so the accumulators stay in registers.
+#define CRUCIBLE_EDGE_FIXED_C(CC)                                                                                    \
+  CRUCIBLE_SIMD_CLONES void message_f##CC(const float* g, const float* w, const float* T, const float* x,             \
+                                          const int64_t* rv, const int64_t* sd, const int64_t* p, float* o,           \
+                                          const Sizes& z, float* a) {                                                 \
+    message_loop<float, CC>(g, w, T, x, rv, sd, p, o, z, a);                                                         \
+  }                                                                                                                   \
+  CRUCIBLE_SIMD_CLONES void input_f##CC(const float* g, const float* w, const float* T, const int64_t* rv,            \
+                                        const int64_t* sd, const int64_t* p, float* o, const Sizes& z, float* a) {    \
+    input_loop<float, CC>(g, w, T, rv, sd, p, o, z, a);                                                              \
+  }                                                                                                                   \
+  CRUCIBLE_SIMD_CLONES void weights_f##CC(const float* g, const float* T, const float* x, const int64_t* rv,          \
+                                          const int64_t* sd, const int64_t* p, float* o, const Sizes& z, int64_t b,   \
+                                          int64_t e, float* a) {                                                      \
+    weights_loop<float, CC>(g, T, x, rv, sd, p, o, z, b, e, a);                                                      \
+  }                                                                                                                   \
+  CRUCIBLE_SIMD_CLONES void table_f##CC(const float* g, const float* w, const float* x, const int64_t* rv,            \
+                                        const int64_t* sd, const int64_t* p, float* o, const Sizes& z, int64_t b,     \
+                                        int64_t e, float* a) {                                                        \
+    table_loop<float, CC>(g, w, x, rv, sd, p, o, z, b, e, a);                                                        \
+  }
+CRUCIBLE_EDGE_FIXED_C(32)
+CRUCIBLE_EDGE_FIXED_C(64)
+CRUCIBLE_EDGE_FIXED_C(128)
+#undef CRUCIBLE_EDGE_FIXED_C
+
+// Calls NAME_f32 / _f64 / _f128 when z.C is one of those, else NAME_f.
+#define CRUCIBLE_BY_CHANNELS(NAME, ...)          \
+  switch (z.C) {                                 \
+    case 32: NAME##_f32(__VA_ARGS__); break;     \
+    case 64: NAME##_f64(__VA_ARGS__); break;     \
+    case 128: NAME##_f128(__VA_ARGS__); break;   \
+    default: NAME##_f(__VA_ARGS__); break;       \
+  }
 
 void message_any(const float* g, const float* w, const float* T, const float* x, const int64_t* rv, const int64_t* sd,
                  const int64_t* p, float* o, const Sizes& z, float* a) {
-  if (z.C == 32) message_f32(g, w, T, x, rv, sd, p, o, z, a);
-  else message_f(g, w, T, x, rv, sd, p, o, z, a);
+  CRUCIBLE_BY_CHANNELS(message, g, w, T, x, rv, sd, p, o, z, a)
 }
 void message_any(const double* g, const double* w, const double* T, const double* x, const int64_t* rv,
                  const int64_t* sd, const int64_t* p, double* o, const Sizes& z, double* a) {
@@ -260,15 +274,13 @@ void message_any(const double* g, const double* w, const double* T, const double
 }
 void input_any(const float* g, const float* w, const float* T, const int64_t* rv, const int64_t* sd, const int64_t* p,
                float* o, const Sizes& z, float* a) {
-  if (z.C == 32) input_f32(g, w, T, rv, sd, p, o, z, a);
-  else input_f(g, w, T, rv, sd, p, o, z, a);
+  CRUCIBLE_BY_CHANNELS(input, g, w, T, rv, sd, p, o, z, a)
 }
 void input_any(const double* g, const double* w, const double* T, const int64_t* rv, const int64_t* sd,
                const int64_t* p, double* o, const Sizes& z, double* a) { input_d(g, w, T, rv, sd, p, o, z, a); }
 void weights_any(const float* g, const float* T, const float* x, const int64_t* rv, const int64_t* sd,
                  const int64_t* p, float* o, const Sizes& z, int64_t b, int64_t e, float* a) {
-  if (z.C == 32) weights_f32(g, T, x, rv, sd, p, o, z, b, e, a);
-  else weights_f(g, T, x, rv, sd, p, o, z, b, e, a);
+  CRUCIBLE_BY_CHANNELS(weights, g, T, x, rv, sd, p, o, z, b, e, a)
 }
 void weights_any(const double* g, const double* T, const double* x, const int64_t* rv, const int64_t* sd,
                  const int64_t* p, double* o, const Sizes& z, int64_t b, int64_t e, double* a) {
@@ -276,13 +288,14 @@ void weights_any(const double* g, const double* T, const double* x, const int64_
 }
 void table_any(const float* g, const float* w, const float* x, const int64_t* rv, const int64_t* sd, const int64_t* p,
                float* o, const Sizes& z, int64_t b, int64_t e, float* a) {
-  if (z.C == 32) table_f32(g, w, x, rv, sd, p, o, z, b, e, a);
-  else table_f(g, w, x, rv, sd, p, o, z, b, e, a);
+  CRUCIBLE_BY_CHANNELS(table, g, w, x, rv, sd, p, o, z, b, e, a)
 }
 void table_any(const double* g, const double* w, const double* x, const int64_t* rv, const int64_t* sd,
                const int64_t* p, double* o, const Sizes& z, int64_t b, int64_t e, double* a) {
   table_d(g, w, x, rv, sd, p, o, z, b, e, a);
 }
+
+#undef CRUCIBLE_BY_CHANNELS
 
 template <class S>
 void kernel(EdgeSlot slot, const S* g, const S* w, const S* T, const S* x, const int64_t* recv, const int64_t* send,
