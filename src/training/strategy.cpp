@@ -777,14 +777,12 @@ void TrainingStrategy::run(DataLoader& given_loader) {
     // uninterrupted one does (issue 15).
     const bool end_stage_pending = step_count >= target && step_count > 0 && !end_stage_done_;
     if (step_count < target) end_stage_done_ = false;  // more steps: the end stage runs again
-    if (end_stage_pending) {
+    if (step_count < target || end_stage_pending) {
       prepare_restart_counters(batches_per_epoch);
       ensure_optimizer(target, /*for_run=*/true);
-      run_end_stage();
     }
+    if (end_stage_pending) run_end_stage();
     if (step_count < target) {
-      prepare_restart_counters(batches_per_epoch);
-      ensure_optimizer(target, /*for_run=*/true);
       set_configured_models_training();
       bool started = false;
       while (step_count < target) {

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #if defined(__x86_64__) && defined(__GLIBC__)
 // The declarations <math.h> makes only under -ffast-math: glibc ships these
@@ -76,29 +77,37 @@ inline void ssp_second_loop(const T* gg, const T* g, const T* s, T* d_g, T* d_x,
   }
 }
 
-// bfloat16 through float32 blocks: widen a block, run the float loop on it,
-// round the results once. The loop on bfloat16 directly mixed the
-// conversions into the exp/log code, and the compiler ran it at half width
-// (452 µs against 189 µs in float32 for [5888, 64], bench_activations).
-__attribute__((always_inline)) inline void ssp_sigmoid_bf16_blocks(const c10::BFloat16* x, c10::BFloat16* y, c10::BFloat16* s, int64_t n) {
-  constexpr int64_t kBlock = 256;
-  alignas(64) float xf[kBlock], yf[kBlock], sf[kBlock];
-  for (int64_t k0 = 0; k0 < n; k0 += kBlock) {
-    const int64_t m = std::min(kBlock, n - k0);
+// ssp and σ over n elements of T, computed in A. bfloat16 goes through
+// float32 blocks: widen a block, run the float loop on it, round the
+// results once. The loop on bfloat16 directly mixed the conversions into the
+// exp/log code, and the compiler ran it at half width (452 µs against 189 µs
+// in float32 for [5888, 64], bench_activations). Always inlined: called from
+// a target_clones function, a separate copy would be built for the baseline
+// ISA only.
+template <class T, class A>
+__attribute__((always_inline)) inline void ssp_sigmoid_body(const T* x, T* y, T* s, int64_t n) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    constexpr int64_t kBlock = 256;
+    alignas(64) float xf[kBlock], yf[kBlock], sf[kBlock];
+    for (int64_t k0 = 0; k0 < n; k0 += kBlock) {
+      const int64_t m = std::min(kBlock, n - k0);
 #pragma omp simd
-    for (int64_t k = 0; k < m; ++k) xf[k] = widen(x[k0 + k]);
-    ssp_sigmoid_loop<float, float>(xf, yf, sf, m);
+      for (int64_t k = 0; k < m; ++k) xf[k] = widen(x[k0 + k]);
+      ssp_sigmoid_loop<float, float>(xf, yf, sf, m);
 #pragma omp simd
-    for (int64_t k = 0; k < m; ++k) {
-      y[k0 + k] = narrow<c10::BFloat16, float>(yf[k]);
-      s[k0 + k] = narrow<c10::BFloat16, float>(sf[k]);
+      for (int64_t k = 0; k < m; ++k) {
+        y[k0 + k] = narrow<T, float>(yf[k]);
+        s[k0 + k] = narrow<T, float>(sf[k]);
+      }
     }
+  } else {
+    ssp_sigmoid_loop<T, A>(x, y, s, n);
   }
 }
 
 #define CRUCIBLE_SSP_INSTANCES(T, A, NAME)                                                                 \
   CRUCIBLE_SSP_CLONES void ssp_sigmoid_##NAME(const T* x, T* y, T* s, int64_t n) {                         \
-    ssp_sigmoid_loop<T, A>(x, y, s, n);                                                                    \
+    ssp_sigmoid_body<T, A>(x, y, s, n);                                                                    \
   }                                                                                                        \
   CRUCIBLE_SSP_CLONES void ssp_second_##NAME(const T* gg, const T* g, const T* s, T* d_g, T* d_x,          \
                                              int64_t n) {                                                  \
@@ -110,21 +119,8 @@ __attribute__((always_inline)) inline void ssp_sigmoid_bf16_blocks(const c10::BF
   }
 CRUCIBLE_SSP_INSTANCES(float, float, f)
 CRUCIBLE_SSP_INSTANCES(double, double, d)
+CRUCIBLE_SSP_INSTANCES(c10::BFloat16, float, bf)
 #undef CRUCIBLE_SSP_INSTANCES
-CRUCIBLE_SSP_CLONES void ssp_sigmoid_bf(const c10::BFloat16* x, c10::BFloat16* y, c10::BFloat16* s, int64_t n) {
-  ssp_sigmoid_bf16_blocks(x, y, s, n);
-}
-CRUCIBLE_SSP_CLONES void ssp_second_bf(const c10::BFloat16* gg, const c10::BFloat16* g, const c10::BFloat16* s,
-                                       c10::BFloat16* d_g, c10::BFloat16* d_x, int64_t n) {
-  ssp_second_loop<c10::BFloat16, float>(gg, g, s, d_g, d_x, n);
-}
-inline void ssp_sigmoid_any(const c10::BFloat16* x, c10::BFloat16* y, c10::BFloat16* s, int64_t n) {
-  ssp_sigmoid_bf(x, y, s, n);
-}
-inline void ssp_second_any(const c10::BFloat16* gg, const c10::BFloat16* g, const c10::BFloat16* s,
-                           c10::BFloat16* d_g, c10::BFloat16* d_x, int64_t n) {
-  ssp_second_bf(gg, g, s, d_g, d_x, n);
-}
 
 bool loop_ok(const at::Tensor& t) {
   return t.device().is_cpu() &&
