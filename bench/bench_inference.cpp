@@ -25,6 +25,7 @@
 #include "crucible/training/allocator.h"
 #include "crucible/training/blas_kernels.h"
 #include "fcc_cu.h"
+#include "crucible/precision/precision.h"
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -164,7 +165,8 @@ int main(int argc, char** argv) {
     auto evaluate = [&] {
       ModelOutputs out = compute_outputs(*model, batch, co);
       if (co.training) {  // one training step's work: a force loss back to the parameters
-        (out.energy.pow(2).sum() + out.forces.pow(2).sum()).backward();
+        // Into the parameters only, as the training loop does (backward_into).
+        crucible::backward_into(out.energy.pow(2).sum() + out.forces.pow(2).sum(), model->module().parameters());
         model->module().zero_grad();
       }
     };

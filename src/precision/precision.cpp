@@ -160,7 +160,17 @@ at::Tensor PrecisionPlugin::pre_backward(const at::Tensor& loss) {
   return scaler_->scale(loss);
 }
 
-void PrecisionPlugin::backward(const at::Tensor& loss) { loss.backward(); }
+void backward_into(const at::Tensor& loss, const std::vector<at::Tensor>& parameters) {
+  if (parameters.empty()) {
+    loss.backward();
+  } else {
+    loss.backward({}, c10::nullopt, /*create_graph=*/false, at::TensorList(parameters));
+  }
+}
+
+void PrecisionPlugin::backward(const at::Tensor& loss, const std::vector<at::Tensor>& parameters) {
+  backward_into(loss, parameters);
+}
 
 void PrecisionPlugin::post_backward(const at::Tensor& loss) { (void)loss; }
 

@@ -1,5 +1,8 @@
 #include "crucible/training/hook.h"
 
+#include "crucible/models/energy_model.h"
+
+#include <set>
 #include <stdexcept>
 
 namespace crucible {
@@ -11,6 +14,20 @@ LambdaHook::LambdaHook(std::string name, std::set<TrainingStage> stages, Fn fn, 
                                 std::to_string(frequency_));
   }
   if (!fn_) throw std::invalid_argument("hook '" + name_ + "': fn must be callable, got empty");
+}
+
+std::vector<at::Tensor> trainable_parameters(const TrainContext& ctx) {
+  std::vector<at::Tensor> out;
+  std::set<const void*> seen;
+  auto add = [&](EnergyModel* m) {
+    if (m == nullptr) return;
+    for (const at::Tensor& p : m->module().parameters()) {
+      if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+    }
+  };
+  for (const auto& [name, m] : ctx.models) add(m);
+  add(ctx.model);
+  return out;
 }
 
 void Hook::load_hook_state(const std::map<std::string, at::Tensor>& state) {

@@ -610,7 +610,7 @@ void TrainingStrategy::train_batch_impl(const Batch& batch) {
   if (has_do_backward_) {
     run_hooks(TrainingStage::DO_BACKWARD, ctx);
   } else {
-    plain_backward(ctx.loss);
+    plain_backward(ctx.loss, trainable_parameters(ctx));
   }
   // From here on hooks see detached values only.
   LossOutput detached = detach_losses(losses);
@@ -893,13 +893,13 @@ Batch TrainingStrategy::convert_batch(const Batch& batch) const {
   return keep_geometry_float32(precision_->convert_input(batch, options_.device));
 }
 
-void TrainingStrategy::plain_backward(const at::Tensor& loss) {
+void TrainingStrategy::plain_backward(const at::Tensor& loss, const std::vector<at::Tensor>& parameters) {
   PrecisionPlugin* plugin = precision_plugin();
   if (!plugin) {
-    loss.backward();
+    backward_into(loss, parameters);
     return;
   }
-  plugin->backward(loss);
+  plugin->backward(loss, parameters);
   plugin->post_backward(loss);
 }
 

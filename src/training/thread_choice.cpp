@@ -2,6 +2,7 @@
 // cores, measured on the run's first batch (issue 19, deliverable 4).
 
 #include "crucible/training/thread_choice.h"
+#include "crucible/precision/precision.h"
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -134,7 +135,7 @@ std::function<void()> training_pass(EnergyModel& model, const Batch& batch) {
     co.training = true;
     {
       const ModelOutputs out = compute_outputs(model, batch, co);
-      (out.energy.pow(2).sum() + out.forces.pow(2).sum()).backward();
+      backward_into(out.energy.pow(2).sum() + out.forces.pow(2).sum(), params);  // as training does
     }
     for (size_t k = 0; k < params.size(); ++k) {
       at::Tensor p = params[k];

@@ -198,10 +198,10 @@ void TrainingUpdateOrchestrator::operator()(TrainContext& ctx, TrainingStage sta
             "undefined tensor");
       }
       if (ctx.precision) {  // seed 004: the plugin runs backward
-        ctx.precision->backward(ctx.loss);
+        ctx.precision->backward(ctx.loss, trainable_parameters(ctx));
         ctx.precision->post_backward(ctx.loss);
       } else {
-        ctx.loss.backward();
+        backward_into(ctx.loss, trainable_parameters(ctx));
       }
       break;
     }

@@ -50,9 +50,9 @@ class RecordingPlugin : public PrecisionPlugin {
     log_->push_back("pre_backward");
     return PrecisionPlugin::pre_backward(loss);
   }
-  void backward(const at::Tensor& loss) override {
+  void backward(const at::Tensor& loss, const std::vector<at::Tensor>& parameters) override {
     log_->push_back("backward");
-    PrecisionPlugin::backward(loss);
+    PrecisionPlugin::backward(loss, parameters);
   }
   void post_backward(const at::Tensor& loss) override {
     log_->push_back("post_backward");

@@ -100,14 +100,14 @@ TEST(PrecisionPlugin, SixteenMixedScalesLossAndSkipsNonFiniteSteps) {
   auto loss = (w * 2.0).sum();
   auto scaled = plugin->pre_backward(loss);
   EXPECT_FLOAT_EQ(scaled.item<float>(), 6.0f * 65536.0f);
-  plugin->backward(scaled);
+  plugin->backward(scaled, {});
   EXPECT_TRUE(plugin->optimizer_step(opt));
   EXPECT_TRUE(at::allclose(w.detach(), at::full({3}, 0.8f)));  // unscaled grad 2, lr 0.1
   EXPECT_DOUBLE_EQ(plugin->state_dict().at("scale"), 65536.0);
 
   opt.zero_grad();
   auto bad = plugin->pre_backward((w * std::numeric_limits<float>::infinity()).sum());
-  plugin->backward(bad);
+  plugin->backward(bad, {});
   const auto before = w.detach().clone();
   EXPECT_FALSE(plugin->optimizer_step(opt));
   EXPECT_TRUE(at::equal(w.detach(), before));
@@ -118,7 +118,7 @@ TEST(PrecisionPlugin, ScalerStateRestoredBeforeTheScalerIsBuilt) {
   auto first = make_precision_plugin("16-mixed");
   auto w = at::ones({2}, at::kFloat).requires_grad_(true);
   torch::optim::SGD opt({w}, torch::optim::SGDOptions(0.1));
-  first->backward(first->pre_backward((w * std::numeric_limits<float>::quiet_NaN()).sum()));
+  first->backward(first->pre_backward((w * std::numeric_limits<float>::quiet_NaN()).sum()), {});
   first->optimizer_step(opt);
   const auto state = first->state_dict();
   EXPECT_DOUBLE_EQ(state.at("scale"), 32768.0);

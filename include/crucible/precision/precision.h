@@ -64,6 +64,12 @@ class AutocastGuard {
 /// (CPU on 1.13: bfloat16 only).
 bool autocast_supported(at::DeviceType device_type, at::ScalarType dtype);
 
+/// loss.backward() into `parameters` only (their .grad accumulate; nothing
+/// else does, and the engine runs only the nodes they need); empty: into
+/// every leaf that requires grad. @throws c10::Error if a listed tensor
+/// does not require grad, or from the backward itself.
+void backward_into(const at::Tensor& loss, const std::vector<at::Tensor>& parameters);
+
 /// The precision-specific parts of training (seed 004): module / input /
 /// output conversion, forward context, backward, optimizer step, state.
 ///
@@ -121,8 +127,16 @@ class PrecisionPlugin {
 
   /// Before backward: returns the loss to back-propagate (scaled under 16-mixed).
   virtual at::Tensor pre_backward(const at::Tensor& loss);
-  /// Runs backward on `loss` (already passed through pre_backward).
-  virtual void backward(const at::Tensor& loss);
+  /// Runs backward on `loss` (already passed through pre_backward): seed
+  /// 004's backward(tensor, model), with the model given as the parameters
+  /// that need the gradients (every trained model's, so a strategy with
+  /// several models is served by one call). Only their .grad change; the
+  /// engine skips the work that only other leaves need, such as the
+  /// positions and strain of a force computation (their gradients in a
+  /// force loss are second derivatives nobody reads). Empty `parameters`:
+  /// every leaf that requires grad (loss.backward()).
+  /// @throws c10::Error if a listed tensor does not require grad.
+  virtual void backward(const at::Tensor& loss, const std::vector<at::Tensor>& parameters);
   /// After backward (no-op by default).
   virtual void post_backward(const at::Tensor& loss);
   /// Unscales `optimizer`'s gradients if a scaler is active (before clipping).

@@ -72,6 +72,11 @@ struct TrainContext {
   DataLoader* active_dataloader = nullptr;
 };
 
+/// The tensors a training backward fills: every parameter of ctx.models
+/// that requires grad, each once (models may share parameters), in the
+/// models' name order. Never throws.
+std::vector<at::Tensor> trainable_parameters(const TrainContext& ctx);
+
 /// A hook. Subclasses say which stages they run on and how often.
 ///
 /// Dispatch: at each stage the strategy calls, in registration order, every

@@ -473,7 +473,7 @@ class TrainingStrategy {
   // Seed 004 convert_input (geometry kept >= float32), or a cast to options.dtype.
   Batch convert_batch(const Batch& batch) const;
   // Backward and optimizer steps when no hook owns them (through the plugin).
-  void plain_backward(const at::Tensor& loss);
+  void plain_backward(const at::Tensor& loss, const std::vector<at::Tensor>& parameters);
   void plain_optimizer_step();
   // TensorImpl addresses of every parameter an optimizer holds.
   std::set<const void*> optimizer_owned_parameters() const;
