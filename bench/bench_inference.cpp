@@ -26,6 +26,7 @@
 #include "crucible/training/blas_kernels.h"
 #include "fcc_cu.h"
 #include "crucible/precision/precision.h"
+#include "crucible/training/hook.h"
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -166,7 +167,7 @@ int main(int argc, char** argv) {
       ModelOutputs out = compute_outputs(*model, batch, co);
       if (co.training) {  // one training step's work: a force loss back to the parameters
         // Into the parameters only, as the training loop does (backward_into).
-        crucible::backward_into(out.energy.pow(2).sum() + out.forces.pow(2).sum(), model->module().parameters());
+        crucible::backward_into(out.energy.pow(2).sum() + out.forces.pow(2).sum(), crucible::trainable_parameters(*model));
         model->module().zero_grad();
       }
     };

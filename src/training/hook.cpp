@@ -16,13 +16,21 @@ LambdaHook::LambdaHook(std::string name, std::set<TrainingStage> stages, Fn fn, 
   if (!fn_) throw std::invalid_argument("hook '" + name_ + "': fn must be callable, got empty");
 }
 
+std::vector<at::Tensor> trainable_parameters(EnergyModel& model) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : model.module().parameters()) {
+    if (p.requires_grad()) out.push_back(p);
+  }
+  return out;
+}
+
 std::vector<at::Tensor> trainable_parameters(const TrainContext& ctx) {
   std::vector<at::Tensor> out;
   std::set<const void*> seen;
   auto add = [&](EnergyModel* m) {
     if (m == nullptr) return;
-    for (const at::Tensor& p : m->module().parameters()) {
-      if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+    for (const at::Tensor& p : trainable_parameters(*m)) {
+      if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
     }
   };
   for (const auto& [name, m] : ctx.models) add(m);

@@ -3,6 +3,7 @@
 
 #include "crucible/training/thread_choice.h"
 #include "crucible/precision/precision.h"
+#include "crucible/training/hook.h"
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -135,7 +136,9 @@ std::function<void()> training_pass(EnergyModel& model, const Batch& batch) {
     co.training = true;
     {
       const ModelOutputs out = compute_outputs(model, batch, co);
-      backward_into(out.energy.pow(2).sum() + out.forces.pow(2).sum(), params);  // as training does
+      // As training does: into the parameters that require grad (a frozen one
+      // listed would be an error).
+      backward_into(out.energy.pow(2).sum() + out.forces.pow(2).sum(), trainable_parameters(model));
     }
     for (size_t k = 0; k < params.size(); ++k) {
       at::Tensor p = params[k];

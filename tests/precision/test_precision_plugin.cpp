@@ -140,5 +140,25 @@ TEST(PrecisionPlugin, InitContextsSetTheDefaultDtype) {
   EXPECT_EQ(at::empty({1}).scalar_type(), at::kFloat);
 }
 
+TEST(PrecisionPlugin, BackwardFillsOnlyTheListedParameters) {
+  // A force-like graph: the loss depends on a "positions" leaf and a weight;
+  // backward into {w} leaves the positions without a gradient.
+  auto positions = at::full({3}, 2.0f).requires_grad_(true);
+  auto w = at::full({3}, 3.0f).requires_grad_(true);
+  auto plugin = make_precision_plugin("32-true");
+  plugin->backward((w * positions * positions).sum(), {w});
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_TRUE(at::allclose(w.grad(), at::full({3}, 4.0f)));  // d/dw of w x^2 at x = 2
+  EXPECT_FALSE(positions.grad().defined());
+  // Empty list: every leaf, as loss.backward().
+  w.mutable_grad() = at::Tensor();
+  plugin->backward((w * positions * positions).sum(), {});
+  EXPECT_TRUE(at::allclose(w.grad(), at::full({3}, 4.0f)));
+  ASSERT_TRUE(positions.grad().defined());
+  EXPECT_TRUE(at::allclose(positions.grad(), at::full({3}, 12.0f)));  // 2 w x
+  // A listed tensor that does not require grad is an error.
+  EXPECT_THROW(plugin->backward((w * 2.0f).sum(), {w, at::ones({3})}), c10::Error);
+}
+
 }  // namespace
 }  // namespace crucible

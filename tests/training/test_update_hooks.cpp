@@ -597,5 +597,21 @@ TEST(UpdateHooks, SetupReachesEveryChild) {
   EXPECT_EQ(strategy.step_count, 1);
 }
 
+TEST(TrainableParameters, EveryModelsParametersThatRequireGradEachOnce) {
+  ToyModel main_model, other;
+  other->c.requires_grad_(false);  // frozen: not a backward target
+  TrainContext ctx;
+  ctx.model = main_model.get();
+  ctx.models = {{"main", main_model.get()}, {"other", other.get()}, {"alias", main_model.get()}};
+  const std::vector<at::Tensor> params = trainable_parameters(ctx);
+  ASSERT_EQ(params.size(), 5u);  // main a, b, c once (listed twice); other a, b
+  std::vector<const void*> expected{main_model->a.unsafeGetTensorImpl(), main_model->b.unsafeGetTensorImpl(),
+                                    main_model->c.unsafeGetTensorImpl(), other->a.unsafeGetTensorImpl(),
+                                    other->b.unsafeGetTensorImpl()};
+  std::vector<const void*> got;
+  for (const auto& p : params) got.push_back(p.unsafeGetTensorImpl());
+  EXPECT_EQ(got, expected);  // "alias" < "main" < "other": main's first
+}
+
 }  // namespace
 }  // namespace crucible

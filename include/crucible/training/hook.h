@@ -76,6 +76,8 @@ struct TrainContext {
 /// that requires grad, each once (models may share parameters), in the
 /// models' name order. Never throws.
 std::vector<at::Tensor> trainable_parameters(const TrainContext& ctx);
+/// The same for one model: its parameters that require grad. Never throws.
+std::vector<at::Tensor> trainable_parameters(EnergyModel& model);
 
 /// A hook. Subclasses say which stages they run on and how often.
 ///
