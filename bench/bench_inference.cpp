@@ -133,8 +133,8 @@ int main(int argc, char** argv) {
         (void)at::mm(a, b);
         best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
-      std::printf("gemm dtype=%s threads=%d m=n=k=%lld gflops=%.1f\n", dt == at::kFloat ? "float32" : "bfloat16",
-                  threads, static_cast<long long>(m), 2.0 * m * m * m / best / 1e9);
+      std::printf("gemm dtype=%s threads=%d m=n=k=%lld gflops=%.1f malloc=%s\n", dt == at::kFloat ? "float32" : "bfloat16",
+                  threads, static_cast<long long>(m), 2.0 * m * m * m / best / 1e9, active_malloc());
     }
     return 0;
   }

@@ -170,9 +170,9 @@ int main(int argc, char** argv) {
   for (const auto& p : model->parameters()) nparams += p.numel();
   std::printf("crucible_mace hidden=%s precision=%s structures_per_s=%.2f ms_per_step=%.2f best_forces_mae_mev_per_a=%.3f "
               "best_energy_mae_mev_per_atom=%.3f best_epoch=%lld epochs=%zu parameters=%lld avg_num_neighbors=%.2f "
-              "peak_rss_mib=%.1f blas=%s energy_mae_mev_per_atom=%.3f forces_mae_mev_per_a=%.3f\n",
+              "peak_rss_mib=%.1f blas=%s malloc=%s energy_mae_mev_per_atom=%.3f forces_mae_mev_per_a=%.3f\n",
               hidden.c_str(), precision.c_str(), per_structure * 1e3 / ms, ms, maes.empty() ? -1.0 : best_f, best_e,
               static_cast<long long>(best_epoch), maes.size(), static_cast<long long>(nparams), mo.avg_num_neighbors,
-              usage.ru_maxrss / 1024.0, blas_core_name().c_str(), final_v.energy_mae, final_v.forces_mae);
+              usage.ru_maxrss / 1024.0, blas_core_name().c_str(), active_malloc(), final_v.energy_mae, final_v.forces_mae);
   return 0;
 }

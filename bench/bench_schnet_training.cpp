@@ -134,9 +134,9 @@ int main(int argc, char** argv) {
   getrusage(RUSAGE_SELF, &usage);
   std::printf("crucible precision=%s structures_per_s=%.2f atoms_per_s=%.0f ms_per_step=%.2f "
               "energy_mae_mev_per_atom=%.3f forces_mae_mev_per_a=%.3f peak_rss_mib=%.1f "
-              "rss_growth_kib=%ld steps=%lld\n",
+              "rss_growth_kib=%ld steps=%lld malloc=%s\n",
               precision.c_str(), per_structure * 1e3 / ms, per_atom * 1e3 / ms, ms, v.energy_mae,
               v.forces_mae, usage.ru_maxrss / 1024.0, rss_end - rss_early,
-              static_cast<long long>(steps));
+              static_cast<long long>(steps), active_malloc());
   return 0;
 }

@@ -55,10 +55,12 @@ def main():
 
     print(f"Crucible at MD scale ({time.strftime('%Y-%m-%d')}, {os.uname().nodename})")
     print(f"CPU: {cpu_model()}; flags: {cpu_flags()}")
-    gemm = {f["dtype"]: float(f["gflops"]) for f in
-            (fields(l) for l in run([inf, "--model", "gemm"], env1).splitlines() if l.startswith("gemm"))}
+    gemm_lines = [fields(l) for l in run([inf, "--model", "gemm"], env1).splitlines() if l.startswith("gemm")]
+    gemm = {f["dtype"]: float(f["gflops"]) for f in gemm_lines}
     print(f"GEMM 1024³, 1 thread: float32 {gemm['float32']:.0f} GFLOP/s, bfloat16 {gemm['bfloat16']:.0f} GFLOP/s "
           f"(ratio {gemm['bfloat16'] / gemm['float32']:.1f})")
+    print(f"malloc: {gemm_lines[0].get('malloc', '?')} in the C++ executables (the Python calculator and "
+          f"LAMMPS/KIM run on their host process's malloc)")
     print()
 
     def one(model, rep, threads=1, path="inference"):

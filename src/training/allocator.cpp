@@ -2,6 +2,8 @@
 
 #include "crucible/training/allocator.h"
 
+#include <dlfcn.h>
+
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +29,13 @@ void tune_allocator_for_training() {
 #endif
     install_large_block_cache();
   });
+}
+
+const char* active_malloc() {
+  // tcmalloc exports malloc as an alias of tc_malloc (one address).
+  void* m = dlsym(RTLD_DEFAULT, "malloc");
+  void* tc = dlsym(RTLD_DEFAULT, "tc_malloc");
+  return m != nullptr && m == tc ? "tcmalloc" : "system";
 }
 
 }  // namespace crucible

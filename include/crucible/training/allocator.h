@@ -21,6 +21,16 @@ namespace crucible {
 /// CRUCIBLE_DEFAULT_MALLOC=1. Never throws.
 void tune_allocator_for_training();
 
+/// The malloc this process runs on: "tcmalloc" when malloc is gperftools'
+/// tcmalloc (the crucible executables link it, CMake option CRUCIBLE_MALLOC;
+/// LibTorch's CPU tensors then come from it), else "system" (glibc's, or a
+/// sanitizer's). Decided by whether the malloc symbol the process resolves
+/// is tcmalloc's tc_malloc. With tcmalloc, tune_allocator_for_training's
+/// mallopt settings are no-ops (tcmalloc's mallopt ignores them) and the
+/// large block cache below still keeps the blocks of 16 MiB or more.
+/// Printed next to the benchmarks' figures. Never throws.
+const char* active_malloc();
+
 /// Replaces LibTorch's CPU allocator with one that keeps freed blocks of
 /// 16 MiB or more (rounded up to 2 MiB) for reuse, up to half of the
 /// physical memory, and passes smaller requests to the previous allocator
