@@ -61,18 +61,24 @@ inline void start_op_profile() {
 
 /// Stops recording and prints the `top` (op, input shapes) pairs by total
 /// inclusive time (µs; an op's time includes the ops it calls, so a
-/// composite such as aten::linear also counts its aten::mm).
+/// composite such as aten::linear also counts its aten::mm), with the self
+/// time (the ops it calls subtracted) next to it. With CRUCIBLE_PROFILE_SELF
+/// set the rows are sorted by self time instead.
 inline void stop_op_profile(std::FILE* out, size_t top) {
   using namespace torch::autograd::profiler;
   const thread_event_lists lists = disableProfilerLegacy();
-  std::map<std::string, std::pair<double, int>> total;
+  struct Total {
+    double inclusive = 0, self = 0;
+    int calls = 0;
+  };
+  std::map<std::string, Total> total;
   for (const auto& events : lists) {
-    std::vector<const LegacyEvent*> open;
+    std::vector<std::pair<const LegacyEvent*, double>> open;  // event, time of the ops it called
     for (const LegacyEvent& e : events) {
       if (e.kindStr() == "push") {
-        open.push_back(&e);
+        open.emplace_back(&e, 0.0);
       } else if (e.kindStr() == "pop" && !open.empty()) {
-        const LegacyEvent* begin = open.back();
+        const auto [begin, children] = open.back();
         open.pop_back();
         std::string key = begin->name();
         for (const auto& shape : begin->shapes()) {
@@ -80,17 +86,25 @@ inline void stop_op_profile(std::FILE* out, size_t top) {
           for (size_t k = 0; k < shape.size(); ++k) key += (k ? "," : "") + std::to_string(shape[k]);
           key += "]";
         }
+        const double us = begin->cpuElapsedUs(e);
+        if (!open.empty()) open.back().second += us;
         auto& t = total[key];
-        t.first += begin->cpuElapsedUs(e);
-        t.second += 1;
+        t.inclusive += us;
+        t.self += us - children;
+        t.calls += 1;
       }
     }
   }
+  const bool by_self = std::getenv("CRUCIBLE_PROFILE_SELF") != nullptr;
   std::vector<std::pair<double, std::string>> rows;
-  for (const auto& [key, t] : total) rows.emplace_back(t.first, key + "  n=" + std::to_string(t.second));
+  for (const auto& [key, t] : total) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%12.0f %12.0f  ", t.inclusive, t.self);
+    rows.emplace_back(by_self ? t.self : t.inclusive, buf + key + "  n=" + std::to_string(t.calls));
+  }
   std::sort(rows.rbegin(), rows.rend());
-  std::fprintf(out, "op profile: total µs, op [input shapes], calls\n");
-  for (size_t k = 0; k < rows.size() && k < top; ++k) std::fprintf(out, "%12.0f  %s\n", rows[k].first, rows[k].second.c_str());
+  std::fprintf(out, "op profile: total µs, self µs, op [input shapes], calls\n");
+  for (size_t k = 0; k < rows.size() && k < top; ++k) std::fprintf(out, "%s\n", rows[k].second.c_str());
 }
 
 }  // namespace crucible::bench
