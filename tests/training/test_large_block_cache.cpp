@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -76,6 +77,37 @@ TEST(LargeBlockCache, ReusesAFreedLargeBlockAndServesEveryOtherRequest) {
   const at::Tensor z = at::mm(x, y);
   EXPECT_EQ(z[0][0].item<float>(), 8.0f);
   EXPECT_EQ(z[2047][2047].item<float>(), 8.0f);
+}
+
+// VmFlags of the /proc/self/smaps mapping that holds `address` ("" if none).
+std::string vm_flags_of(const void* address) {
+  const auto a = reinterpret_cast<uintptr_t>(address);
+  std::ifstream f("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(f, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find('-')) {
+      inside = a >= lo && a < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line.substr(8);
+    }
+  }
+  return "";
+}
+
+TEST(LargeBlockCache, LargeBlocksAre2MiBAlignedAndAskForHugePages) {
+  install_large_block_cache();
+  std::ifstream mode("/sys/kernel/mm/transparent_hugepage/enabled");
+  if (!mode) GTEST_SKIP() << "this kernel has no transparent huge pages";
+  at::Tensor a = at::empty({20 << 18}, at::kFloat);  // 20 MiB
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data_ptr()) % (uintptr_t{2} << 20), 0u);
+  const std::string flags = vm_flags_of(a.data_ptr());
+  ASSERT_FALSE(flags.empty()) << "no mapping in /proc/self/smaps holds the block";
+  EXPECT_NE(flags.find(" hg"), std::string::npos) << "VmFlags:" << flags;  // MADV_HUGEPAGE
+  // A small tensor stays with the previous allocator: no advice there.
+  at::Tensor b = at::empty({1024}, at::kFloat);
+  EXPECT_EQ(vm_flags_of(b.data_ptr()).find(" hg"), std::string::npos);
 }
 
 TEST(LargeBlockCache, GivesBackWhatTheKernelLacksToServeARequest) {

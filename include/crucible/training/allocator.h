@@ -32,7 +32,9 @@ void tune_allocator_for_training();
 const char* active_malloc();
 
 /// Replaces LibTorch's CPU allocator with one that keeps freed blocks of
-/// 16 MiB or more (rounded up to 2 MiB) for reuse, up to half of the
+/// 16 MiB or more (rounded up to 2 MiB, 2 MiB aligned, backed by
+/// transparent huge pages where Linux allows: madvise MADV_HUGEPAGE) for
+/// reuse, up to half of the
 /// physical memory, and passes smaller requests to the previous allocator
 /// (issue 19). glibc serves requests above its 32 MiB mmap ceiling with
 /// fresh mappings, so each of a large structure's edge-sized temporaries
