@@ -44,12 +44,21 @@ at::Tensor with_bucketed_rows(const at::Tensor& x, bool bf16, Product product) {
 
 at::Tensor linear_bucketed_rows(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (x.dim() != 2) return at::linear(x, weight, bias);
+  if (weight.dim() == 2 && row_chunked_gemm(x, weight.t())) {
+    return mm_row_chunks(x, weight.t(), bias, gemm_chunk_rows(weight.size(1), weight.size(0), x.element_size()));
+  }
   return with_bucketed_rows(x, cpu_bf16_gemm(x, weight),
                             [&](const at::Tensor& in) { return at::linear(in, weight, bias); });
 }
 
 at::Tensor matmul_bucketed_rows(const at::Tensor& x, const at::Tensor& w) {
   if (x.dim() < 2 || w.dim() != 2) return at::matmul(x, w);
+  if (row_chunked_gemm(x, w) && x.is_contiguous()) {
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = w.size(1);
+    const int64_t chunk = gemm_chunk_rows(w.size(0), w.size(1), x.element_size());
+    return mm_row_chunks(x.view({-1, x.size(-1)}), w, at::Tensor(), chunk).view(shape);
+  }
   return with_bucketed_rows(x, cpu_bf16_gemm(x, w), [&](const at::Tensor& in) { return at::matmul(in, w); });
 }
 
