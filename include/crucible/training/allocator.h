@@ -33,8 +33,8 @@ const char* active_malloc();
 
 /// Replaces LibTorch's CPU allocator with one that keeps freed blocks of
 /// 16 MiB or more (rounded up to 2 MiB, 2 MiB aligned, backed by
-/// transparent huge pages where Linux allows: madvise MADV_HUGEPAGE) for
-/// reuse, up to half of the
+/// transparent huge pages where Linux allows: madvise MADV_HUGEPAGE, unless
+/// the environment sets CRUCIBLE_HUGE_PAGES=0) for reuse, up to half of the
 /// physical memory, and passes smaller requests to the previous allocator
 /// (issue 19). glibc serves requests above its 32 MiB mmap ceiling with
 /// fresh mappings, so each of a large structure's edge-sized temporaries
@@ -50,7 +50,11 @@ const char* active_malloc();
 /// the kernel could not serve with 1/16 of the physical memory to spare
 /// (MemAvailable) first returns cached blocks, the largest first, until
 /// bytes_to_yield are freed. Called by tune_allocator_for_training; a no-op
-/// when the environment sets CRUCIBLE_DEFAULT_MALLOC=1. Idempotent and
+/// when the environment sets CRUCIBLE_DEFAULT_MALLOC=1. Huge pages: a
+/// 6912-atom SchNet training step 2-7% faster once its blocks are cached
+/// (Zen 5 VM, 1 thread); on that VM the first step sometimes spent ~3 s in
+/// the kernel zeroing fresh huge pages (1.2 GB, memory the hypervisor had
+/// not backed yet), against ~0.5 s with 4 KiB pages. Idempotent and
 /// thread-safe; tensors allocated before keep their own deleters.
 /// @throws std::bad_alloc from allocations when memory is exhausted.
 void install_large_block_cache();
