@@ -10,7 +10,7 @@
 // epoch it was reached). Run by bench/run_benchmarks.py.
 // Run: ./build/bench/bench_mace_training DATA.extxyz [--epochs 4] [--valid 50]
 //      [--hidden 32x0e+32x1o] [--precision 32-true|bf16-mixed] [--threads 1]
-//      [--steps N (stop after N steps; speed only)]
+//      [--steps N (stop after N steps; speed only)] [--profile K (op profile)]
 
 #include "crucible/data/extxyz.h"
 #include "crucible/losses/loss.h"
@@ -21,6 +21,7 @@
 #include "crucible/training/gradient_clipping.h"
 #include "crucible/training/metrics.h"
 #include "crucible/training/strategy.h"
+#include "op_profile.h"
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -41,11 +42,12 @@ int main(int argc, char** argv) {
   select_blas_kernels(argc, argv);  // as crucible's main does
   tune_allocator_for_training();
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s DATA.extxyz [--epochs N] [--valid N] [--hidden IRREPS] [--precision P] [--threads N] [--steps N]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DATA.extxyz [--epochs N] [--valid N] [--hidden IRREPS] [--precision P] [--threads N] [--steps N] [--profile K]\n", argv[0]);
     return 1;
   }
   std::string data_path = argv[1], precision = "32-true", hidden = "32x0e+32x1o";
   int64_t epochs = 4, n_valid = 50, threads = 1, max_steps = 0;
+  int64_t profile_ops = 0;  // --profile K: the K ops (with input shapes) that took the most time, on stderr
   for (int k = 2; k + 1 < argc; k += 2) {
     const std::string key = argv[k], value = argv[k + 1];
     if (key == "--epochs") epochs = std::atoll(value.c_str());
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
     else if (key == "--precision") precision = value;
     else if (key == "--threads") threads = std::atoll(value.c_str());
     else if (key == "--steps") max_steps = std::atoll(value.c_str());
+    else if (key == "--profile") profile_ops = std::atoll(value.c_str());
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       return 1;
@@ -150,7 +153,9 @@ int main(int argc, char** argv) {
         }
       }));
   DataLoader loader(train_ds, {8, true, 0, true});
+  if (profile_ops > 0) crucible::bench::start_op_profile();
   strategy.run(loader);
+  if (profile_ops > 0) crucible::bench::stop_op_profile(stderr, static_cast<size_t>(profile_ops));
   // The model as training left it, on the validation frames (bf16 against 32-true after the same steps).
   const ValidationSummary final_v = evaluate_model(*model, *valid_ds, at::kCPU, eo);
   std::sort(times.begin(), times.end());
