@@ -15,6 +15,8 @@
 #include <gtest/gtest.h>
 #include <cmath>
 #include <optional>
+#include <functional>
+#include <string>
 #include <vector>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -213,6 +215,42 @@ TEST(FastPath, PairFilterCfconvMatchesGatheredFiltersToSecondOrder) {
   const at::Tensor h = at::randn({3, 2}), w = at::randn({2, 2});
   const at::Tensor idx = at::zeros({2}, at::kLong);
   EXPECT_THROW(cfconv_pairs(h, w, idx, idx, at::full({2}, 2, at::kLong)), c10::Error);
+}
+
+TEST(FastPath, CfconvAndEdgeProductRefuseEveryOutOfRangeIndex) {
+  // Each index tensor is checked against its own table: below 0 and at the
+  // row count are refused with a message naming it; the extreme valid rows
+  // (0 and n - 1) pass, contiguous or strided.
+  const at::Tensor h = at::randn({4, 2}, at::kDouble), w = at::randn({3, 2}, at::kDouble);
+  auto longs = [](std::vector<int64_t> v) { return at::tensor(v, at::kLong); };
+  const at::Tensor ok = longs({0, 3, 1}), pair = longs({0, 2, 1});
+  auto message_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const c10::Error& e) {
+      return e.what_without_backtrace();
+    }
+    return "";
+  };
+  for (int64_t bad : {-1, 4}) {
+    const at::Tensor b = longs({0, bad, 1});
+    EXPECT_NE(message_of([&] { cfconv_pairs(h, w, b, ok, pair); }).find("cfconv receiver must index rows 0..3"),
+              std::string::npos);
+    EXPECT_NE(message_of([&] { cfconv_pairs(h, w, ok, b, pair); }).find("cfconv sender must index rows 0..3"),
+              std::string::npos);
+    EXPECT_NE(message_of([&] { edge_product(h, h, b, ok); }).find("edge_product left"), std::string::npos);
+    EXPECT_NE(message_of([&] { edge_product(h, h, ok, b); }).find("edge_product right"), std::string::npos);
+  }
+  EXPECT_NE(message_of([&] { cfconv_pairs(h, w, ok, ok, longs({0, 3, 1})); })
+                .find("cfconv edge_pair must index rows 0..2"),
+            std::string::npos);
+  // The first and last valid rows, and a strided view (every other element).
+  EXPECT_EQ(message_of([&] { cfconv_pairs(h, w, ok, ok, pair); }), "");
+  const at::Tensor strided = longs({3, 9, 0, 9, 2, 9}).slice(0, 0, 6, 2);
+  EXPECT_EQ(message_of([&] { edge_product(h, h, strided, strided); }), "");
+  EXPECT_NE(message_of([&] { edge_product(h, h, longs({3, 0, 4, 0, 1, 0}).slice(0, 0, 6, 2), strided); })
+                .find("edge_product left"),
+            std::string::npos);
 }
 
 TEST(FastPath, EdgeProductOfTablesWithDifferentRowCountsToSecondOrder) {
