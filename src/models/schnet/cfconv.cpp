@@ -73,17 +73,23 @@ inline void prefetch_row(const T* row, int64_t K, int rw) {
 
 // `pair` null: W row e for edge e; else W row pair[e] (one filter per pair).
 // Sums in A (float for bfloat16 inputs, else T).
+// Bitwise reproducible: `out` never overlaps the inputs (__restrict), so the
+// compiler adds no run-time overlap test choosing between a vector and a
+// scalar version of the row loop; those versions rounded differently (fused
+// multiply-add in one, not in the other), so a result depended on where the
+// allocator had placed the tensors (ExactResume failed ~1 run in 40). The
+// file is also built without FMA contraction (CMakeLists.txt).
 template <class T, class A>
-inline void cfconv_kernel(const T* h, const T* w, const int64_t* recv, const int64_t* send, const int64_t* pair,
-                          A* out, int64_t E, int64_t K) {
+inline void cfconv_kernel(const T* __restrict h, const T* __restrict w, const int64_t* recv, const int64_t* send,
+                          const int64_t* pair, A* __restrict out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     if (e + kPrefetchEdges < E) {
       if (pair) prefetch_row(w + pair[e + kPrefetchEdges] * K, K, 0);
       prefetch_row(h + send[e + kPrefetchEdges] * K, K, 0);
     }
-    A* o = out + recv[e] * K;
-    const T* hs = h + send[e] * K;
-    const T* we = w + (pair ? pair[e] : e) * K;
+    A* __restrict o = out + recv[e] * K;
+    const T* __restrict hs = h + send[e] * K;
+    const T* __restrict we = w + (pair ? pair[e] : e) * K;
     for (int64_t k = 0; k < K; ++k) o[k] += widen(hs[k]) * widen(we[k]);
   }
 }
@@ -91,17 +97,17 @@ inline void cfconv_kernel(const T* h, const T* w, const int64_t* recv, const int
 // `pair` null: out row e = a[left e] ⊙ b[right e]; else summed into row pair[e]
 // (out zeroed by the caller).
 template <class T, class A>
-inline void edge_product_kernel(const T* a, const T* b, const int64_t* left, const int64_t* right,
-                                const int64_t* pair, A* out, int64_t E, int64_t K) {
+inline void edge_product_kernel(const T* __restrict a, const T* __restrict b, const int64_t* left,
+                                const int64_t* right, const int64_t* pair, A* __restrict out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     if (e + kPrefetchEdges < E) {
       if (pair) prefetch_row(out + pair[e + kPrefetchEdges] * K, K, 1);
       prefetch_row(a + left[e + kPrefetchEdges] * K, K, 0);
       prefetch_row(b + right[e + kPrefetchEdges] * K, K, 0);
     }
-    const T* al = a + left[e] * K;
-    const T* br = b + right[e] * K;
-    A* o = out + (pair ? pair[e] : e) * K;
+    const T* __restrict al = a + left[e] * K;
+    const T* __restrict br = b + right[e] * K;
+    A* __restrict o = out + (pair ? pair[e] : e) * K;
     if (pair) {
       for (int64_t k = 0; k < K; ++k) o[k] += widen(al[k]) * widen(br[k]);
     } else {
