@@ -251,6 +251,16 @@ TEST(FastPath, CfconvAndEdgeProductRefuseEveryOutOfRangeIndex) {
   EXPECT_NE(message_of([&] { edge_product(h, h, longs({3, 0, 4, 0, 1, 0}).slice(0, 0, 6, 2), strided); })
                 .find("edge_product left"),
             std::string::npos);
+  // Indices on another device than the (CPU) features: refused by name, not
+  // read as host memory. The meta device stands in for an accelerator.
+  const at::Tensor elsewhere = ok.to(at::kMeta);
+  EXPECT_NE(message_of([&] { cfconv_pairs(h, w, elsewhere, ok, pair); })
+                .find("cfconv receiver must be on the features' device (cpu), got meta"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { cfconv_pairs(h, w, ok, ok, pair.to(at::kMeta)); }).find("cfconv edge_pair must be on"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { edge_product(h, h, ok, elsewhere); }).find("edge_product right must be on"),
+            std::string::npos);
 }
 
 TEST(FastPath, EdgeProductOfTablesWithDifferentRowCountsToSecondOrder) {
