@@ -4,6 +4,7 @@
 #include "crucible/models/mace/chunked_interaction.h"
 
 #include "crucible/models/chunk_parallel.h"
+#include "crucible/models/silu.h"
 #include "crucible/models/mace/edge_contraction.h"
 
 #include <c10/util/Exception.h>
@@ -64,7 +65,7 @@ Chunk make_chunk(int64_t p0, int64_t p1, const at::Tensor& feats, const at::Tens
     at::Tensor zm = at::mm(h, mlp[m]);
     if (m + 1 < mlp.size()) {
       k.z.push_back(zm);
-      h = at::silu(zm);
+      h = silu_fused(zm);
     } else {
       h = zm;
     }

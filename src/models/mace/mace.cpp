@@ -2,6 +2,7 @@
 // include/crucible/models/mace/mace.h for the equations.
 
 #include "crucible/models/mace/mace.h"
+#include "crucible/models/silu.h"
 #include "crucible/models/layer_nodes.h"
 #include "crucible/models/mace/chunked_interaction.h"
 #include "crucible/models/chunk_parallel.h"
@@ -275,10 +276,14 @@ std::vector<at::Tensor> MaceImpl::radial_mlp_weights(int64_t t) const {
 
 namespace {
 
-// The radial MLP up to its last layer: silu after each hidden product.
-at::Tensor radial_hidden(const std::vector<at::Tensor>& W, const at::Tensor& edge_feats) {
+// The radial MLP up to its last layer: silu after each hidden product
+// (silu_fused, or at::silu on the reference path).
+at::Tensor radial_hidden(const std::vector<at::Tensor>& W, const at::Tensor& edge_feats, bool ref) {
   at::Tensor h = edge_feats;
-  for (size_t k = 0; k + 1 < W.size(); ++k) h = at::silu(matmul_bucketed_rows(h, W[k]));
+  for (size_t k = 0; k + 1 < W.size(); ++k) {
+    const at::Tensor z = matmul_bucketed_rows(h, W[k]);
+    h = ref ? at::silu(z) : silu_fused(z);
+  }
   return h;
 }
 
@@ -286,12 +291,12 @@ at::Tensor radial_hidden(const std::vector<at::Tensor>& W, const at::Tensor& edg
 
 at::Tensor MaceImpl::radial_weights(int64_t t, const at::Tensor& edge_feats) const {
   const std::vector<at::Tensor> W = radial_mlp_weights(t);
-  return matmul_bucketed_rows(radial_hidden(W, edge_feats), W.back());
+  return matmul_bucketed_rows(radial_hidden(W, edge_feats, options_.reference_autograd), W.back());
 }
 
 std::vector<at::Tensor> MaceImpl::radial_term_weights(int64_t t, const at::Tensor& edge_feats) const {
   const std::vector<at::Tensor> W = radial_mlp_weights(t);
-  const at::Tensor h = radial_hidden(W, edge_feats);
+  const at::Tensor h = radial_hidden(W, edge_feats, options_.reference_autograd);
   const mace::ConvTensorProduct& tp = *layers_[static_cast<size_t>(t)].tp;
   std::vector<at::Tensor> out;
   for (size_t a = 0; a < tp.in().size(); ++a) {
@@ -528,7 +533,8 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     if (R.size() == 1) {
       e = matmul_bucketed_rows(s, R[0] * inv_c);
     } else {
-      const at::Tensor hid = at::silu(matmul_bucketed_rows(s, R[0] * inv_c));
+      const at::Tensor z = matmul_bucketed_rows(s, R[0] * inv_c);
+      const at::Tensor hid = options_.reference_autograd ? at::silu(z) : silu_fused(z);
       e = matmul_bucketed_rows(hid, R[1] * (mace::normalized_silu_factor() / std::sqrt(static_cast<double>(options_.readout_mlp))));
     }
     AutocastDisabledGuard no_autocast;

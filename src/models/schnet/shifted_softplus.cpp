@@ -1,40 +1,23 @@
 // Shifted softplus with hand-written derivatives (issue 7) and one-pass CPU
 // loops (issue 19).
 //
-// The loops call exp/log, which GCC turns into glibc's vector variants
-// (libmvec: 16 floats per call on AVX-512) only when they cannot set errno
-// or raise FP exceptions: this file is built with -fno-math-errno
-// -fno-trapping-math (CMakeLists.txt). NaN and ±inf still propagate as in
-// IEEE arithmetic (no -ffinite-math-only).
+// The loops' shared pieces (libmvec, ranges, bfloat16 blocks) are in
+// activation_loops.h; this file is built with -fno-math-errno
+// -fno-trapping-math (CMakeLists.txt).
 
 #include "crucible/models/shifted_softplus.h"
-#include "../bf16_bits.h"
+#include "../activation_loops.h"
 
 #include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <algorithm>
 #include <cmath>
-#include <type_traits>
-
-#if defined(__x86_64__) && defined(__GLIBC__)
-// The declarations <math.h> makes only under -ffast-math: glibc ships these
-// vector variants (libmvec, glibc >= 2.22) for SSE, AVX2 and AVX-512.
-extern "C" {
-__attribute__((simd("notinbranch"))) float expf(float) noexcept;
-__attribute__((simd("notinbranch"))) float logf(float) noexcept;
-__attribute__((simd("notinbranch"))) double exp(double) noexcept;
-__attribute__((simd("notinbranch"))) double log(double) noexcept;
-}
-#define CRUCIBLE_SSP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CRUCIBLE_SSP_CLONES
-#endif
 
 namespace crucible {
 namespace {
 
+using activation_loops::exp_of;
+using activation_loops::log_of;
 using bf16_bits::narrow;
 using bf16_bits::widen;
 using torch::autograd::AutogradContext;
@@ -43,27 +26,24 @@ using torch::autograd::variable_list;
 
 const double kLn2 = std::log(2.0);
 
-inline float exp_of(float v) { return expf(v); }
-inline double exp_of(double v) { return exp(v); }
-inline float log_of(float v) { return logf(v); }
-inline double log_of(double v) { return log(v); }
-
 // y = ssp(x) = max(x, 0) + ln(1 + e^-|x|) − ln 2 and s = σ(x) from the one
 // exponential e = e^-|x| ∈ (0, 1]: σ(x) = 1/(1+e) for x ≥ 0, e/(1+e) below.
 // ln(1 + e) instead of log1p(e): 1 + e rounds off at most one ulp of 1, an
-// absolute error far below the value's own rounding.
-template <class T, class A>
-inline void ssp_sigmoid_loop(const T* x, T* y, T* s, int64_t n) {
-  const A ln2 = static_cast<A>(kLn2);
+// absolute error far below the value's own rounding. Inputs x; outputs y, s.
+struct SspSigmoidLoop {
+  template <class In, class Out>
+  void operator()(const In& in, const Out& out, int64_t n) const {
+    using A = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(in[0])>>>;
+    const A ln2 = static_cast<A>(kLn2);
 #pragma omp simd
-  for (int64_t k = 0; k < n; ++k) {
-    const A v = widen(x[k]);
-    const A e = exp_of(v < A(0) ? v : -v);
-    const A r = A(1) / (A(1) + e);
-    y[k] = narrow<T, A>((v > A(0) ? v : A(0)) + log_of(A(1) + e) - ln2);
-    s[k] = narrow<T, A>(v >= A(0) ? r : e * r);
+    for (int64_t k = 0; k < n; ++k) {
+      const A v = in[0][k];
+      const A e = exp_of(v < A(0) ? v : -v);
+      out[0][k] = (v > A(0) ? v : A(0)) + log_of(A(1) + e) - ln2;
+      out[1][k] = activation_loops::sigmoid_of(v, e);
+    }
   }
-}
+};
 
 // The second-order terms of SspGrad (out = g σ): d_g = gg σ, d_x = gg g σ(1 − σ).
 template <class T, class A>
@@ -77,45 +57,17 @@ inline void ssp_second_loop(const T* gg, const T* g, const T* s, T* d_g, T* d_x,
   }
 }
 
-// ssp and σ over n elements of T, computed in A. bfloat16 goes through
-// float32 blocks: widen a block, run the float loop on it, round the
-// results once. The loop on bfloat16 directly mixed the conversions into the
-// exp/log code, and the compiler ran it at half width (452 µs against 189 µs
-// in float32 for [5888, 64], bench_activations). Always inlined: called from
-// a target_clones function, a separate copy would be built for the baseline
-// ISA only.
-template <class T, class A>
-__attribute__((always_inline)) inline void ssp_sigmoid_body(const T* x, T* y, T* s, int64_t n) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    constexpr int64_t kBlock = 256;
-    alignas(64) float xf[kBlock], yf[kBlock], sf[kBlock];
-    for (int64_t k0 = 0; k0 < n; k0 += kBlock) {
-      const int64_t m = std::min(kBlock, n - k0);
-#pragma omp simd
-      for (int64_t k = 0; k < m; ++k) xf[k] = widen(x[k0 + k]);
-      ssp_sigmoid_loop<float, float>(xf, yf, sf, m);
-#pragma omp simd
-      for (int64_t k = 0; k < m; ++k) {
-        y[k0 + k] = narrow<T, float>(yf[k]);
-        s[k0 + k] = narrow<T, float>(sf[k]);
-      }
-    }
-  } else {
-    ssp_sigmoid_loop<T, A>(x, y, s, n);
-  }
-}
-
-#define CRUCIBLE_SSP_INSTANCES(T, A, NAME)                                                                 \
-  CRUCIBLE_SSP_CLONES void ssp_sigmoid_##NAME(const T* x, T* y, T* s, int64_t n) {                         \
-    ssp_sigmoid_body<T, A>(x, y, s, n);                                                                    \
-  }                                                                                                        \
-  CRUCIBLE_SSP_CLONES void ssp_second_##NAME(const T* gg, const T* g, const T* s, T* d_g, T* d_x,          \
-                                             int64_t n) {                                                  \
-    ssp_second_loop<T, A>(gg, g, s, d_g, d_x, n);                                                          \
-  }                                                                                                        \
-  inline void ssp_sigmoid_any(const T* x, T* y, T* s, int64_t n) { ssp_sigmoid_##NAME(x, y, s, n); }       \
-  inline void ssp_second_any(const T* gg, const T* g, const T* s, T* d_g, T* d_x, int64_t n) {             \
-    ssp_second_##NAME(gg, g, s, d_g, d_x, n);                                                              \
+#define CRUCIBLE_SSP_INSTANCES(T, A, NAME)                                                                     \
+  CRUCIBLE_ACTIVATION_CLONES void ssp_sigmoid_##NAME(const T* x, T* y, T* s, int64_t n) {                      \
+    activation_loops::in_float_blocks<T, 1, 2>({x}, {y, s}, n, SspSigmoidLoop());                              \
+  }                                                                                                            \
+  CRUCIBLE_ACTIVATION_CLONES void ssp_second_##NAME(const T* gg, const T* g, const T* s, T* d_g, T* d_x,       \
+                                                    int64_t n) {                                               \
+    ssp_second_loop<T, A>(gg, g, s, d_g, d_x, n);                                                              \
+  }                                                                                                            \
+  inline void ssp_sigmoid_any(const T* x, T* y, T* s, int64_t n) { ssp_sigmoid_##NAME(x, y, s, n); }           \
+  inline void ssp_second_any(const T* gg, const T* g, const T* s, T* d_g, T* d_x, int64_t n) {                 \
+    ssp_second_##NAME(gg, g, s, d_g, d_x, n);                                                                  \
   }
 CRUCIBLE_SSP_INSTANCES(float, float, f)
 CRUCIBLE_SSP_INSTANCES(double, double, d)
@@ -125,19 +77,6 @@ CRUCIBLE_SSP_INSTANCES(c10::BFloat16, float, bf)
 bool loop_ok(const at::Tensor& t) {
   return t.device().is_cpu() &&
          (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble || t.scalar_type() == at::kBFloat16);
-}
-
-// Runs f(k0, k1) over [0, n) in parallel, in ranges that start at multiples
-// of 1024 elements whatever the thread count: the loops' scalar remainders
-// (glibc's scalar expf, not its vector variant) then fall on the same
-// elements, so results do not depend on the threads.
-template <class F>
-void for_aligned_ranges(int64_t n, const F& f) {
-  constexpr int64_t kAlign = 1024, kGrainBlocks = 32;  // at least 32768 elements per task
-  const int64_t blocks = (n + kAlign - 1) / kAlign;
-  at::parallel_for(0, blocks, kGrainBlocks, [&](int64_t b0, int64_t b1) {
-    f(b0 * kAlign, std::min(n, b1 * kAlign));
-  });
 }
 
 /// d_g = gg σ, d_x = gg g σ(1 − σ): one pass on the CPU, else ATen ops.
@@ -153,7 +92,7 @@ std::pair<at::Tensor, at::Tensor> ssp_second_order(const at::Tensor& gg, const a
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, sc.scalar_type(), "ssp_second_order", [&] {
     const scalar_t *a = ggc.data_ptr<scalar_t>(), *b = gc.data_ptr<scalar_t>(), *c = sc.data_ptr<scalar_t>();
     scalar_t *o1 = d_g.data_ptr<scalar_t>(), *o2 = d_x.data_ptr<scalar_t>();
-    for_aligned_ranges(sc.numel(), [&](int64_t k0, int64_t k1) {
+    activation_loops::for_aligned_ranges(sc.numel(), [&](int64_t k0, int64_t k1) {
       ssp_second_any(a + k0, b + k0, c + k0, o1 + k0, o2 + k0, k1 - k0);
     });
   });
@@ -199,7 +138,7 @@ std::pair<at::Tensor, at::Tensor> shifted_softplus_and_sigmoid(const at::Tensor&
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "shifted_softplus", [&] {
     const scalar_t* in = xc.data_ptr<scalar_t>();
     scalar_t *out = y.data_ptr<scalar_t>(), *sig = s.data_ptr<scalar_t>();
-    for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
+    activation_loops::for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
       ssp_sigmoid_any(in + k0, out + k0, sig + k0, k1 - k0);
     });
   });

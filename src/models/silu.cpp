@@ -1,0 +1,203 @@
+// SiLU with hand-written derivatives and one-pass CPU loops (issue 19). See
+// include/crucible/models/silu.h. Built with -fno-math-errno
+// -fno-trapping-math (activation_loops.h, CMakeLists.txt).
+
+#include "crucible/models/silu.h"
+#include "activation_loops.h"
+
+#include <ATen/Dispatch.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <utility>
+
+namespace crucible {
+namespace {
+
+using activation_loops::exp_of;
+using activation_loops::in_float_blocks;
+using activation_loops::sigmoid_of;
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+// σ(x) and 1 − σ(x), without cancellation in 1 − σ for large x.
+template <class A>
+inline void sigmoid_pair(A v, A& s, A& one_minus_s) {
+  const A e = exp_of(v < A(0) ? v : -v);
+  s = sigmoid_of(v, e);
+  one_minus_s = sigmoid_of(-v, e);
+}
+
+// out[0] = silu(x), out[1] = silu'(x) (if NO == 2).
+template <int NO>
+struct ValueLoop {
+  template <class In, class Out>
+  void operator()(const In& in, const Out& out, int64_t n) const {
+    using A = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(in[0])>>>;
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) {
+      const A v = in[0][k];
+      A s, r;
+      sigmoid_pair(v, s, r);
+      out[0][k] = v * s;
+      if constexpr (NO == 2) out[1][k] = s * (A(1) + v * r);
+    }
+  }
+};
+
+// out[0] = g silu'(x); inputs g, x.
+struct FirstLoop {
+  template <class In, class Out>
+  void operator()(const In& in, const Out& out, int64_t n) const {
+    using A = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(in[0])>>>;
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) {
+      const A v = in[1][k];
+      A s, r;
+      sigmoid_pair(v, s, r);
+      out[0][k] = in[0][k] * (s * (A(1) + v * r));
+    }
+  }
+};
+
+// d_g = gg silu'(x), d_x = gg g silu''(x); inputs gg, g, x.
+struct SecondLoop {
+  template <class In, class Out>
+  void operator()(const In& in, const Out& out, int64_t n) const {
+    using A = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(in[0])>>>;
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) {
+      const A v = in[2][k];
+      A s, r;
+      sigmoid_pair(v, s, r);
+      const A gg = in[0][k];
+      out[0][k] = gg * (s * (A(1) + v * r));
+      out[1][k] = gg * in[1][k] * (s * r * (A(2) + v * (r - s)));
+    }
+  }
+};
+
+#define CRUCIBLE_SILU_INSTANCES(T, NAME)                                                                        \
+  CRUCIBLE_ACTIVATION_CLONES void silu_value_##NAME(const T* x, T* y, int64_t n) {                              \
+    in_float_blocks<T, 1, 1>({x}, {y}, n, ValueLoop<1>());                                                      \
+  }                                                                                                             \
+  CRUCIBLE_ACTIVATION_CLONES void silu_both_##NAME(const T* x, T* y, T* d, int64_t n) {                         \
+    in_float_blocks<T, 1, 2>({x}, {y, d}, n, ValueLoop<2>());                                                   \
+  }                                                                                                             \
+  CRUCIBLE_ACTIVATION_CLONES void silu_first_##NAME(const T* g, const T* x, T* out, int64_t n) {                \
+    in_float_blocks<T, 2, 1>({g, x}, {out}, n, FirstLoop());                                                    \
+  }                                                                                                             \
+  CRUCIBLE_ACTIVATION_CLONES void silu_second_##NAME(const T* gg, const T* g, const T* x, T* d_g, T* d_x,      \
+                                                     int64_t n) {                                               \
+    in_float_blocks<T, 3, 2>({gg, g, x}, {d_g, d_x}, n, SecondLoop());                                          \
+  }                                                                                                             \
+  inline void silu_value_any(const T* x, T* y, int64_t n) { silu_value_##NAME(x, y, n); }                       \
+  inline void silu_both_any(const T* x, T* y, T* d, int64_t n) { silu_both_##NAME(x, y, d, n); }                \
+  inline void silu_first_any(const T* g, const T* x, T* out, int64_t n) { silu_first_##NAME(g, x, out, n); }    \
+  inline void silu_second_any(const T* gg, const T* g, const T* x, T* d_g, T* d_x, int64_t n) {                 \
+    silu_second_##NAME(gg, g, x, d_g, d_x, n);                                                                  \
+  }
+CRUCIBLE_SILU_INSTANCES(float, f)
+CRUCIBLE_SILU_INSTANCES(double, d)
+CRUCIBLE_SILU_INSTANCES(c10::BFloat16, bf)
+#undef CRUCIBLE_SILU_INSTANCES
+
+bool loop_ok(const at::Tensor& t) {
+  return t.device().is_cpu() &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble || t.scalar_type() == at::kBFloat16);
+}
+
+bool same_cpu_loop(const at::Tensor& a, const at::Tensor& b) {
+  return loop_ok(a) && b.device().is_cpu() && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes();
+}
+
+// Autograd's generic derivatives, for the cases the loops do not cover.
+at::Tensor first_reference(const at::Tensor& g, const at::Tensor& x) {
+  const at::Tensor s = at::sigmoid(x);
+  return g * s * (1.0 + x * (1.0 - s));
+}
+
+/// out = g · silu'(x). Inputs g and x (x for the second-order term).
+struct SiluGrad : public Function<SiluGrad> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& g, const at::Tensor& x) {
+    ctx->save_for_backward({g, x});
+    if (!same_cpu_loop(x, g)) return first_reference(g, x);
+    const at::Tensor gc = g.contiguous(), xc = x.contiguous();
+    at::Tensor out = at::empty_like(xc);
+    AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "silu_first", [&] {
+      const scalar_t *a = gc.data_ptr<scalar_t>(), *b = xc.data_ptr<scalar_t>();
+      scalar_t* o = out.data_ptr<scalar_t>();
+      activation_loops::for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
+        silu_first_any(a + k0, b + k0, o + k0, k1 - k0);
+      });
+    });
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &g = saved[0], &x = saved[1], &gg = grads[0];
+    if (!gg.defined()) return {at::Tensor(), at::Tensor()};
+    // With create_graph (a third derivative) ATen ops, which autograd
+    // differentiates further; the training path never asks for it.
+    if (at::GradMode::is_enabled() || !same_cpu_loop(x, g) || !same_cpu_loop(x, gg)) {
+      const at::Tensor s = at::sigmoid(x);
+      return {gg * s * (1.0 + x * (1.0 - s)), gg * g * s * (1.0 - s) * (2.0 + x * (1.0 - 2.0 * s))};
+    }
+    const at::Tensor ggc = gg.contiguous(), gc = g.contiguous(), xc = x.contiguous();
+    at::Tensor d_g = at::empty_like(xc), d_x = at::empty_like(xc);
+    AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "silu_second", [&] {
+      const scalar_t *a = ggc.data_ptr<scalar_t>(), *b = gc.data_ptr<scalar_t>(), *c = xc.data_ptr<scalar_t>();
+      scalar_t *o1 = d_g.data_ptr<scalar_t>(), *o2 = d_x.data_ptr<scalar_t>();
+      activation_loops::for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
+        silu_second_any(a + k0, b + k0, c + k0, o1 + k0, o2 + k0, k1 - k0);
+      });
+    });
+    return {d_g, d_x};
+  }
+};
+
+/// silu(x), whose backward is SiluGrad (so a second backward is hand-written too).
+struct Silu : public Function<Silu> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+    ctx->save_for_backward({x});
+    const at::Tensor xc = x.contiguous();
+    at::Tensor y = at::empty_like(xc);
+    AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "silu", [&] {
+      const scalar_t* in = xc.data_ptr<scalar_t>();
+      scalar_t* out = y.data_ptr<scalar_t>();
+      activation_loops::for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
+        silu_value_any(in + k0, out + k0, k1 - k0);
+      });
+    });
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {SiluGrad::apply(grads[0], ctx->get_saved_variables()[0])};
+  }
+};
+
+}  // namespace
+
+at::Tensor silu_fused(const at::Tensor& x) {
+  if (!loop_ok(x)) return at::silu(x);
+  return Silu::apply(x);
+}
+
+std::pair<at::Tensor, at::Tensor> silu_and_derivative(const at::Tensor& x) {
+  if (!loop_ok(x)) {
+    const at::Tensor s = at::sigmoid(x);
+    return {at::silu(x), s * (1.0 + x * (1.0 - s))};
+  }
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty_like(xc), d = at::empty_like(xc);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "silu_and_derivative", [&] {
+    const scalar_t* in = xc.data_ptr<scalar_t>();
+    scalar_t *o1 = y.data_ptr<scalar_t>(), *o2 = d.data_ptr<scalar_t>();
+    activation_loops::for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
+      silu_both_any(in + k0, o1 + k0, o2 + k0, k1 - k0);
+    });
+  });
+  return {y, d};
+}
+
+}  // namespace crucible
