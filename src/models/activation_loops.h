@@ -10,9 +10,12 @@
 
 #include "bf16_bits.h"
 
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -39,6 +42,11 @@ inline double exp_of(double v) { return exp(v); }
 inline float log_of(float v) { return logf(v); }
 inline double log_of(double v) { return log(v); }
 
+/// The compute type of a loop's elements, from its pointer array `In`
+/// (const float* / const double* entries): float or double.
+template <class In>
+using element_of = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(std::declval<const In&>()[0])>>>;
+
 /// σ(v) from e = e^−|v| ∈ (0, 1]: 1/(1+e) for v ≥ 0, e/(1+e) below (no
 /// overflow for any v).
 template <class A>
@@ -58,6 +66,40 @@ void for_aligned_ranges(int64_t n, const F& f) {
   at::parallel_for(0, blocks, kGrainBlocks, [&](int64_t b0, int64_t b1) {
     f(b0 * kAlign, std::min(n, b1 * kAlign));
   });
+}
+
+/// Whether the loops cover t: a CPU tensor of float32, float64 or bfloat16.
+inline bool loop_ok(const at::Tensor& t) {
+  return t.device().is_cpu() &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble || t.scalar_type() == at::kBFloat16);
+}
+
+/// Whether a loop can take a together with b: a loop_ok, b on the CPU with
+/// a's dtype and shape.
+inline bool loop_ok_with(const at::Tensor& a, const at::Tensor& b) {
+  return loop_ok(a) && b.device().is_cpu() && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes();
+}
+
+/// NO new tensors shaped like inputs[0] from NI inputs of one shape and
+/// dtype, all loop_ok (the caller checks): call(in, out, m) on each of
+/// for_aligned_ranges' ranges, in / out the range's scalar_t pointers
+/// (arrays of NI and NO).
+template <int NO, int NI, class Call>
+std::array<at::Tensor, NO> map_elements(const std::array<at::Tensor, NI>& inputs, const Call& call) {
+  std::array<at::Tensor, NI> in;
+  for (int i = 0; i < NI; ++i) in[i] = inputs[i].contiguous();
+  std::array<at::Tensor, NO> out;
+  for (int o = 0; o < NO; ++o) out[o] = at::empty_like(in[0]);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, in[0].scalar_type(), "activation_loop", [&] {
+    for_aligned_ranges(in[0].numel(), [&](int64_t k0, int64_t k1) {
+      const scalar_t* pin[NI];
+      scalar_t* pout[NO];
+      for (int i = 0; i < NI; ++i) pin[i] = in[i].template data_ptr<scalar_t>() + k0;
+      for (int o = 0; o < NO; ++o) pout[o] = out[o].template data_ptr<scalar_t>() + k0;
+      call(pin, pout, k1 - k0);
+    });
+  });
+  return out;
 }
 
 /// loop(in, out, m) over n elements of T with NI inputs and NO outputs.

@@ -5,7 +5,6 @@
 #include "crucible/models/silu.h"
 #include "activation_loops.h"
 
-#include <ATen/Dispatch.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <utility>
@@ -15,6 +14,9 @@ namespace {
 
 using activation_loops::exp_of;
 using activation_loops::in_float_blocks;
+using activation_loops::loop_ok;
+using activation_loops::loop_ok_with;
+using activation_loops::map_elements;
 using activation_loops::sigmoid_of;
 using torch::autograd::AutogradContext;
 using torch::autograd::Function;
@@ -33,7 +35,7 @@ template <int NO>
 struct ValueLoop {
   template <class In, class Out>
   void operator()(const In& in, const Out& out, int64_t n) const {
-    using A = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(in[0])>>>;
+    using A = activation_loops::element_of<In>;
 #pragma omp simd
     for (int64_t k = 0; k < n; ++k) {
       const A v = in[0][k];
@@ -49,7 +51,7 @@ struct ValueLoop {
 struct FirstLoop {
   template <class In, class Out>
   void operator()(const In& in, const Out& out, int64_t n) const {
-    using A = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(in[0])>>>;
+    using A = activation_loops::element_of<In>;
 #pragma omp simd
     for (int64_t k = 0; k < n; ++k) {
       const A v = in[1][k];
@@ -64,7 +66,7 @@ struct FirstLoop {
 struct SecondLoop {
   template <class In, class Out>
   void operator()(const In& in, const Out& out, int64_t n) const {
-    using A = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(in[0])>>>;
+    using A = activation_loops::element_of<In>;
 #pragma omp simd
     for (int64_t k = 0; k < n; ++k) {
       const A v = in[2][k];
@@ -102,36 +104,21 @@ CRUCIBLE_SILU_INSTANCES(double, d)
 CRUCIBLE_SILU_INSTANCES(c10::BFloat16, bf)
 #undef CRUCIBLE_SILU_INSTANCES
 
-bool loop_ok(const at::Tensor& t) {
-  return t.device().is_cpu() &&
-         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble || t.scalar_type() == at::kBFloat16);
-}
-
-bool same_cpu_loop(const at::Tensor& a, const at::Tensor& b) {
-  return loop_ok(a) && b.device().is_cpu() && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes();
-}
-
-// Autograd's generic derivatives, for the cases the loops do not cover.
-at::Tensor first_reference(const at::Tensor& g, const at::Tensor& x) {
+// silu'(x) = σ(1 + x(1 − σ)) by ATen ops, for the cases the loops do not
+// cover (differentiable further by autograd).
+at::Tensor derivative_reference(const at::Tensor& x) {
   const at::Tensor s = at::sigmoid(x);
-  return g * s * (1.0 + x * (1.0 - s));
+  return s * (1.0 + x * (1.0 - s));
 }
 
 /// out = g · silu'(x). Inputs g and x (x for the second-order term).
 struct SiluGrad : public Function<SiluGrad> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& g, const at::Tensor& x) {
     ctx->save_for_backward({g, x});
-    if (!same_cpu_loop(x, g)) return first_reference(g, x);
-    const at::Tensor gc = g.contiguous(), xc = x.contiguous();
-    at::Tensor out = at::empty_like(xc);
-    AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "silu_first", [&] {
-      const scalar_t *a = gc.data_ptr<scalar_t>(), *b = xc.data_ptr<scalar_t>();
-      scalar_t* o = out.data_ptr<scalar_t>();
-      activation_loops::for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
-        silu_first_any(a + k0, b + k0, o + k0, k1 - k0);
-      });
-    });
-    return out;
+    if (!loop_ok_with(x, g)) return g * derivative_reference(x);
+    return map_elements<1, 2>({g, x}, [](const auto& in, const auto& out, int64_t n) {
+      silu_first_any(in[0], in[1], out[0], n);
+    })[0];
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
@@ -139,20 +126,14 @@ struct SiluGrad : public Function<SiluGrad> {
     if (!gg.defined()) return {at::Tensor(), at::Tensor()};
     // With create_graph (a third derivative) ATen ops, which autograd
     // differentiates further; the training path never asks for it.
-    if (at::GradMode::is_enabled() || !same_cpu_loop(x, g) || !same_cpu_loop(x, gg)) {
+    if (at::GradMode::is_enabled() || !loop_ok_with(x, g) || !loop_ok_with(x, gg)) {
       const at::Tensor s = at::sigmoid(x);
-      return {gg * s * (1.0 + x * (1.0 - s)), gg * g * s * (1.0 - s) * (2.0 + x * (1.0 - 2.0 * s))};
+      return {gg * derivative_reference(x), gg * g * s * (1.0 - s) * (2.0 + x * (1.0 - 2.0 * s))};
     }
-    const at::Tensor ggc = gg.contiguous(), gc = g.contiguous(), xc = x.contiguous();
-    at::Tensor d_g = at::empty_like(xc), d_x = at::empty_like(xc);
-    AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "silu_second", [&] {
-      const scalar_t *a = ggc.data_ptr<scalar_t>(), *b = gc.data_ptr<scalar_t>(), *c = xc.data_ptr<scalar_t>();
-      scalar_t *o1 = d_g.data_ptr<scalar_t>(), *o2 = d_x.data_ptr<scalar_t>();
-      activation_loops::for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
-        silu_second_any(a + k0, b + k0, c + k0, o1 + k0, o2 + k0, k1 - k0);
-      });
+    const auto d = map_elements<2, 3>({gg, g, x}, [](const auto& in, const auto& out, int64_t n) {
+      silu_second_any(in[0], in[1], in[2], out[0], out[1], n);
     });
-    return {d_g, d_x};
+    return {d[0], d[1]};
   }
 };
 
@@ -160,16 +141,9 @@ struct SiluGrad : public Function<SiluGrad> {
 struct Silu : public Function<Silu> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
     ctx->save_for_backward({x});
-    const at::Tensor xc = x.contiguous();
-    at::Tensor y = at::empty_like(xc);
-    AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "silu", [&] {
-      const scalar_t* in = xc.data_ptr<scalar_t>();
-      scalar_t* out = y.data_ptr<scalar_t>();
-      activation_loops::for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
-        silu_value_any(in + k0, out + k0, k1 - k0);
-      });
-    });
-    return y;
+    return map_elements<1, 1>({x}, [](const auto& in, const auto& out, int64_t n) {
+      silu_value_any(in[0], out[0], n);
+    })[0];
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {SiluGrad::apply(grads[0], ctx->get_saved_variables()[0])};
@@ -184,20 +158,11 @@ at::Tensor silu_fused(const at::Tensor& x) {
 }
 
 std::pair<at::Tensor, at::Tensor> silu_and_derivative(const at::Tensor& x) {
-  if (!loop_ok(x)) {
-    const at::Tensor s = at::sigmoid(x);
-    return {at::silu(x), s * (1.0 + x * (1.0 - s))};
-  }
-  const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty_like(xc), d = at::empty_like(xc);
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "silu_and_derivative", [&] {
-    const scalar_t* in = xc.data_ptr<scalar_t>();
-    scalar_t *o1 = y.data_ptr<scalar_t>(), *o2 = d.data_ptr<scalar_t>();
-    activation_loops::for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
-      silu_both_any(in + k0, o1 + k0, o2 + k0, k1 - k0);
-    });
+  if (!loop_ok(x)) return {at::silu(x), derivative_reference(x)};
+  const auto yd = map_elements<2, 1>({x}, [](const auto& in, const auto& out, int64_t n) {
+    silu_both_any(in[0], out[0], out[1], n);
   });
-  return {y, d};
+  return {yd[0], yd[1]};
 }
 
 }  // namespace crucible

@@ -5,11 +5,14 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+
 namespace crucible {
 
-/// silu(x) = x σ(x) with autograd support (Elfwing, Uchibe and Doya, Neural Networks 107, 3
-/// (2018); Hendrycks and Gimpel's SiLU), element-wise; any shape, float
-/// dtypes, any device, same shape and dtype as x. Derivatives written out:
+/// silu(x) = x σ(x) with autograd support (Elfwing, Uchibe and Doya,
+/// Neural Networks 107, 3 (2018); Hendrycks and Gimpel's SiLU),
+/// element-wise; any shape, float dtypes, any device, same shape and dtype
+/// as x. Derivatives written out:
 /// silu'(x) = σ(x)(1 + x(1 − σ(x))),
 /// silu''(x) = σ(x)(1 − σ(x))(2 + x(1 − 2σ(x))),
 /// each from x by one pass on the CPU (float32, float64, bfloat16; bfloat16

@@ -8,7 +8,6 @@
 #include "crucible/models/shifted_softplus.h"
 #include "../activation_loops.h"
 
-#include <ATen/Dispatch.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
@@ -18,6 +17,8 @@ namespace {
 
 using activation_loops::exp_of;
 using activation_loops::log_of;
+using activation_loops::loop_ok;
+using activation_loops::map_elements;
 using bf16_bits::narrow;
 using bf16_bits::widen;
 using torch::autograd::AutogradContext;
@@ -33,7 +34,7 @@ const double kLn2 = std::log(2.0);
 struct SspSigmoidLoop {
   template <class In, class Out>
   void operator()(const In& in, const Out& out, int64_t n) const {
-    using A = std::remove_cv_t<std::remove_pointer_t<std::decay_t<decltype(in[0])>>>;
+    using A = activation_loops::element_of<In>;
     const A ln2 = static_cast<A>(kLn2);
 #pragma omp simd
     for (int64_t k = 0; k < n; ++k) {
@@ -74,29 +75,16 @@ CRUCIBLE_SSP_INSTANCES(double, double, d)
 CRUCIBLE_SSP_INSTANCES(c10::BFloat16, float, bf)
 #undef CRUCIBLE_SSP_INSTANCES
 
-bool loop_ok(const at::Tensor& t) {
-  return t.device().is_cpu() &&
-         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble || t.scalar_type() == at::kBFloat16);
-}
-
 /// d_g = gg σ, d_x = gg g σ(1 − σ): one pass on the CPU, else ATen ops.
 std::pair<at::Tensor, at::Tensor> ssp_second_order(const at::Tensor& gg, const at::Tensor& g, const at::Tensor& s) {
-  const bool same = gg.scalar_type() == s.scalar_type() && g.scalar_type() == s.scalar_type() &&
-                    gg.sizes() == s.sizes() && g.sizes() == s.sizes();
-  if (!same || !loop_ok(s) || !gg.device().is_cpu() || !g.device().is_cpu()) {
+  if (!activation_loops::loop_ok_with(s, gg) || !activation_loops::loop_ok_with(s, g)) {
     const at::Tensor ggs = gg * s;
     return {ggs, ggs * g * (1.0 - s)};
   }
-  const at::Tensor ggc = gg.contiguous(), gc = g.contiguous(), sc = s.contiguous();
-  at::Tensor d_g = at::empty_like(sc), d_x = at::empty_like(sc);
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, sc.scalar_type(), "ssp_second_order", [&] {
-    const scalar_t *a = ggc.data_ptr<scalar_t>(), *b = gc.data_ptr<scalar_t>(), *c = sc.data_ptr<scalar_t>();
-    scalar_t *o1 = d_g.data_ptr<scalar_t>(), *o2 = d_x.data_ptr<scalar_t>();
-    activation_loops::for_aligned_ranges(sc.numel(), [&](int64_t k0, int64_t k1) {
-      ssp_second_any(a + k0, b + k0, c + k0, o1 + k0, o2 + k0, k1 - k0);
-    });
+  const auto d = map_elements<2, 3>({gg, g, s}, [](const auto& in, const auto& out, int64_t n) {
+    ssp_second_any(in[0], in[1], in[2], out[0], out[1], n);
   });
-  return {d_g, d_x};
+  return {d[0], d[1]};
 }
 
 /// out = g · σ(x): the first derivative applied to an incoming gradient.
@@ -133,16 +121,10 @@ struct Ssp : public Function<Ssp> {
 
 std::pair<at::Tensor, at::Tensor> shifted_softplus_and_sigmoid(const at::Tensor& x) {
   if (!loop_ok(x)) return {at::softplus(x) - kLn2, at::sigmoid(x)};
-  const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty_like(xc), s = at::empty_like(xc);
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, xc.scalar_type(), "shifted_softplus", [&] {
-    const scalar_t* in = xc.data_ptr<scalar_t>();
-    scalar_t *out = y.data_ptr<scalar_t>(), *sig = s.data_ptr<scalar_t>();
-    activation_loops::for_aligned_ranges(xc.numel(), [&](int64_t k0, int64_t k1) {
-      ssp_sigmoid_any(in + k0, out + k0, sig + k0, k1 - k0);
-    });
+  const auto ys = map_elements<2, 1>({x}, [](const auto& in, const auto& out, int64_t n) {
+    ssp_sigmoid_any(in[0], out[0], out[1], n);
   });
-  return {y, s};
+  return {ys[0], ys[1]};
 }
 
 at::Tensor shifted_softplus(const at::Tensor& x) { return Ssp::apply(x); }
