@@ -348,7 +348,7 @@ std::optional<CheckpointEntry> CheckpointStore::find(std::int64_t index) const {
 CheckpointFiles CheckpointStore::load(std::int64_t index) const {
   const auto root = existing_root(dir_);
   const auto entries = root ? read_manifest(*root) : std::vector<CheckpointEntry>{};
-  const CheckpointEntry& e = find_entry(entries, index, manifest_path());
+  const CheckpointEntry e = find_entry(entries, index, manifest_path());
   CheckpointFiles out;
   verify_entry(*root, e, &out);
   return out;
@@ -357,7 +357,7 @@ CheckpointFiles CheckpointStore::load(std::int64_t index) const {
 std::string CheckpointStore::load_file(std::int64_t index, const std::string& name) const {
   const auto root = existing_root(dir_);
   const auto entries = root ? read_manifest(*root) : std::vector<CheckpointEntry>{};
-  const CheckpointEntry& e = find_entry(entries, index, manifest_path());
+  const CheckpointEntry e = find_entry(entries, index, manifest_path());
   const bool listed = std::any_of(e.files.begin(), e.files.end(),
                                   [&](const CheckpointFileInfo& f) { return f.name == name; });
   if (!listed)

@@ -8,6 +8,7 @@
 
 #include "crucible/models/energy_model.h"
 #include "crucible/models/chunk_parallel.h"
+#include "crucible/common/autocast_state.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -94,7 +95,7 @@ InferencePathGuard::InferencePathGuard(bool enabled) : previous_(t_inference_pat
 InferencePathGuard::~InferencePathGuard() { t_inference_path = previous_; }
 
 bool inference_path_enabled() {
-  return t_inference_path && !at::autocast::is_cpu_enabled() && !at::autocast::is_enabled();
+  return t_inference_path && !autocast_enabled(at::kCPU) && !autocast_enabled(at::kCUDA);
 }
 
 bool use_inference_kernels(at::ScalarType geometry, at::ScalarType layer) {

@@ -10,6 +10,7 @@
 #include "crucible/models/schnet.h"
 #include "crucible/models/shifted_softplus.h"
 #include "models/helpers.h"
+#include "models/small_models.h"
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -23,48 +24,11 @@
 namespace crucible {
 namespace {
 
-using testing::make_batch;
-using testing::molecule;
-using testing::random_periodic;
+using testing::biased_schnet;
+using testing::mixed_batch;
+using testing::multi_element_mace;
 
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
-
-Batch mixed_batch(double cutoff) {
-  // Two triclinic periodic cells (one with two species) and a molecule.
-  return make_batch({random_periodic(5, {29}, 3), random_periodic(7, {13, 22}, 4), molecule()}, cutoff);
-}
-
-std::shared_ptr<EnergyModel> schnet_model() {
-  at::manual_seed(11);
-  SchNetOptions o;
-  o.hidden_channels = 16;
-  o.num_filters = 12;
-  o.num_interactions = 3;
-  o.num_gaussians = 10;
-  o.cutoff = 3.5;
-  auto m = std::make_shared<SchNetImpl>(o);
-  m->to(at::kDouble);
-  // Non-trivial biases (PyTorch initialises them small and uniform).
-  at::NoGradGuard no_grad;
-  for (auto& p : m->named_parameters()) p.value().add_(0.3 * at::randn_like(p.value()));
-  return m;
-}
-
-std::shared_ptr<EnergyModel> mace_model() {
-  at::manual_seed(12);
-  MaceOptions o;
-  o.hidden_irreps = "4x0e+4x1o";
-  o.max_ell = 2;
-  o.correlation = 2;
-  o.num_interactions = 2;
-  o.radial_mlp = {8, 8};
-  o.cutoff = 3.5;
-  o.avg_num_neighbors = 8.0;
-  o.atomic_numbers = {1, 6, 8, 13, 22, 29};
-  auto m = std::make_shared<MaceImpl>(o);
-  m->to(at::kDouble);
-  return m;
-}
 
 void expect_paths_equal(EnergyModel& model, const Batch& batch) {
   ComputeOptions train;
@@ -111,15 +75,15 @@ void expect_paths_equal_everywhere(EnergyModel& model) {
   at::set_num_threads(1);
 }
 
-TEST(InferencePath, SchNetEqualsTrainingPathInFloat64) { expect_paths_equal_everywhere(*schnet_model()); }
+TEST(InferencePath, SchNetEqualsTrainingPathInFloat64) { expect_paths_equal_everywhere(*biased_schnet()); }
 
-TEST(InferencePath, MaceEqualsTrainingPathInFloat64) { expect_paths_equal_everywhere(*mace_model()); }
+TEST(InferencePath, MaceEqualsTrainingPathInFloat64) { expect_paths_equal_everywhere(*multi_element_mace()); }
 
 TEST(InferencePath, TheModelsUseItInsideTheGuardOnly) {
   // The backward of the chunked kernels refuses parameter gradients, so a
   // parameter gradient taken through energy() tells which path ran.
   const Batch batch = mixed_batch(3.5);
-  for (auto model : {schnet_model(), mace_model()}) {
+  for (auto model : {biased_schnet(), multi_element_mace()}) {
     auto params = model->module().parameters();
     {
       at::Tensor e = model->energy(batch).sum();

@@ -4,6 +4,7 @@
 // 64-true); only SchNet's inner layers run in reduced precision. Runs SchNet
 // through MixedPrecisionHook + PrecisionPlugin on TiAl structures.
 
+#include "crucible/common/autocast_state.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/losses/loss.h"
@@ -35,7 +36,7 @@ class Probe : public EnergyModel {
   at::Tensor energy(const Batch& batch) override {
     positions = batch.positions.scalar_type();
     edges = edge_vectors(batch).scalar_type();
-    autocast = at::autocast::is_cpu_enabled();
+    autocast = autocast_enabled(at::kCPU);
     const at::Tensor w = inner_->module().named_parameters()[weight_];
     layer = at::matmul(w, w.t()).scalar_type();
     return inner_->energy(batch);
@@ -150,7 +151,7 @@ TEST(ForcePathDtypes, FullAndMixedModes) {
       EXPECT_EQ(p.grad().scalar_type(), c.geom) << c.mode;  // master weights: float32/64
     }
   }
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(autocast_enabled(at::kCPU));
 }
 
 TEST(ForcePathDtypes, Bf16TrueKeepsGeometryInFloat32) {

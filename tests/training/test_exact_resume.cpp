@@ -19,13 +19,29 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
 
+#include <c10/util/StringUtil.h>
+
 #include <functional>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace crucible {
 namespace {
+
+/// Adam's state of parameter `p` in `state` (Optimizer::state()). LibTorch
+/// 1.13 keys it by the TensorImpl address printed as a string, 2.x by the
+/// address itself.
+template <class StateMap>
+torch::optim::AdamParamState& adam_state(StateMap& state, const at::Tensor& p) {
+  using Key = typename std::decay_t<StateMap>::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    return static_cast<torch::optim::AdamParamState&>(*state.at(c10::str(p.unsafeGetTensorImpl())));
+  } else {
+    return static_cast<torch::optim::AdamParamState&>(*state.at(p.unsafeGetTensorImpl()));
+  }
+}
 
 struct Case {
   std::string name;
@@ -171,10 +187,8 @@ void expect_exact_continuation(const Case& c, int64_t stop_batches) {
   const auto& rp = ra->param_groups().at(0).params();
   ASSERT_EQ(fp.size(), rp.size());
   for (size_t i = 0; i < fp.size(); ++i) {
-    auto& fs = static_cast<torch::optim::AdamParamState&>(
-        *fa->state().at(c10::guts::to_string(fp[i].unsafeGetTensorImpl())));
-    auto& rs = static_cast<torch::optim::AdamParamState&>(
-        *ra->state().at(c10::guts::to_string(rp[i].unsafeGetTensorImpl())));
+    auto& fs = adam_state(fa->state(), fp[i]);
+    auto& rs = adam_state(ra->state(), rp[i]);
     EXPECT_EQ(fs.step(), rs.step()) << i;
     EXPECT_TRUE(fs.exp_avg().equal(rs.exp_avg())) << i;
     EXPECT_TRUE(fs.exp_avg_sq().equal(rs.exp_avg_sq())) << i;

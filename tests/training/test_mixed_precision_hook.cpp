@@ -4,6 +4,7 @@
 // the planted-inf step skip under 16-mixed, exit on exceptions, validation
 // under inference autocast.
 
+#include "crucible/common/autocast_state.h"
 #include "crucible/common/error.h"
 #include "crucible/training/mixed_precision_hook.h"
 #include "crucible/training/strategy.h"
@@ -252,7 +253,7 @@ TEST(MixedPrecisionHook, StrategyAutoRegistersForMixedModesAndSetsContextPrecisi
                          "probe", std::set<TrainingStage>{TrainingStage::BEFORE_FORWARD},
                          [&](TrainContext& ctx, TrainingStage) {
                            seen.push_back(ctx.precision);
-                           autocast_in_forward.push_back(at::autocast::is_cpu_enabled());
+                           autocast_in_forward.push_back(autocast_enabled(at::kCPU));
                          })});
   EXPECT_EQ(s.precision_hook(), nullptr);
   ASSERT_NE(s.precision_plugin(), nullptr);
@@ -263,7 +264,7 @@ TEST(MixedPrecisionHook, StrategyAutoRegistersForMixedModesAndSetsContextPrecisi
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[0], &s.precision_hook()->plugin());
   EXPECT_EQ(autocast_in_forward, (std::vector<bool>{true, true}));
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());  // region closed after the run
+  EXPECT_FALSE(autocast_enabled(at::kCPU));  // region closed after the run
   ASSERT_TRUE(s.last_validation().has_value());
   EXPECT_TRUE(std::isfinite(s.last_validation()->forces_mae));
   EXPECT_EQ(s.step_count, 2);
@@ -288,7 +289,7 @@ TEST(MixedPrecisionHook, StrategyAutoRegistersForMixedModesAndSetsContextPrecisi
 class AutocastProbeToy : public testing::ToyModelImpl {
  public:
   at::Tensor energy(const Batch& batch) override {
-    autocast_on.push_back(at::autocast::is_cpu_enabled());
+    autocast_on.push_back(autocast_enabled(at::kCPU));
     return ToyModelImpl::energy(batch);
   }
   std::vector<bool> autocast_on;
@@ -332,13 +333,13 @@ TEST(MixedPrecisionHook, ValidationAutocastFollowsUseMixedPrecision) {
 TEST(MixedPrecisionHook, RegionIsLeftWhenTheForwardThrows) {
   auto ds = toy_dataset(2);
   TrainingFn failing = [](EnergyModel&, const Batch&) -> ModelOutputs {
-    EXPECT_TRUE(at::autocast::is_cpu_enabled());
+    EXPECT_TRUE(autocast_enabled(at::kCPU));
     throw std::runtime_error("forward failed");
   };
   TrainingStrategy s(ToyModel().ptr(), steps_options(1, "bf16-mixed"), energy_forces_loss(), {},
                      failing);
   EXPECT_THROW(s.train_batch(ds->collate({0})), std::runtime_error);
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(autocast_enabled(at::kCPU));
   ASSERT_NE(s.precision_hook(), nullptr);
   EXPECT_FALSE(s.precision_hook()->in_autocast_region());
 }

@@ -10,13 +10,23 @@ import json
 import sys
 
 import numpy as np
-from scipy.special import sph_harm
+
+try:  # SciPy < 1.17 (Debian 12: 1.10)
+    from scipy.special import sph_harm
+
+    def complex_sh(l, m, azimuth, polar):
+        return sph_harm(m, l, azimuth, polar)
+except ImportError:  # SciPy >= 1.17 removed sph_harm; sph_harm_y(n, m, polar, azimuth)
+    from scipy.special import sph_harm_y
+
+    def complex_sh(l, m, azimuth, polar):
+        return sph_harm_y(l, m, polar, azimuth)
 
 
 def real_sh(l, m, azimuth, polar):
     if m == 0:
-        return sph_harm(0, l, azimuth, polar).real
-    y = sph_harm(abs(m), l, azimuth, polar)
+        return complex_sh(l, 0, azimuth, polar).real
+    y = complex_sh(l, abs(m), azimuth, polar)
     if m < 0:
         return np.sqrt(2.0) * (-1) ** m * y.imag
     return np.sqrt(2.0) * (-1) ** m * y.real
