@@ -12,6 +12,13 @@
 // --model gemm prints the float32 and bfloat16 rates of a 1024³ matrix product.
 // Run: ./build/bench/bench_inference [--model schnet|mace|gemm] [--threads N]
 //      [--reps 4,8,16,32] [--path inference|training] [--ops K]
+//      [--order lattice|shuffled|morton]
+// --order permutes the atoms before the neighbor list: same structure, same
+// edges, other indices. shuffled: at random (seed 0), so a receiver's
+// neighbors no longer have nearby indices; morton: along a Z-order curve of
+// the fractional coordinates (10 bits per axis), so they have nearer ones
+// than in lattice order (ASE repeat order). The per-atom cost of each says
+// how much of its growth with size is cache locality.
 // --ops K profiles one more (untimed) call and prints its K operators of the
 // largest self time (time inside the op minus its child ops; summed over all
 // threads' records, so wall time only where one thread runs), one
@@ -101,6 +108,24 @@ std::map<std::string, std::pair<double, int>> self_times(
   return out;
 }
 
+// Permutation [N] that sorts positions [N,3] (Å) in a cell [3,3] (rows are
+// lattice vectors) along a Z-order (Morton) curve of their fractional
+// coordinates wrapped into [0, 1), 10 bits per axis.
+at::Tensor morton_order(const at::Tensor& positions, const at::Tensor& cell) {
+  const at::Tensor frac = at::matmul(positions.to(at::kDouble), at::inverse(cell.to(at::kDouble)));
+  const at::Tensor q = ((frac - frac.floor()) * 1024.0).floor().clamp(0, 1023).to(at::kLong).contiguous();
+  const int64_t n = q.size(0);
+  std::vector<int64_t> code(n);
+  const int64_t* p = q.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t c = 0;
+    for (int b = 0; b < 10; ++b)
+      for (int a = 0; a < 3; ++a) c |= ((p[3 * i + a] >> b) & 1) << (3 * b + a);
+    code[i] = c;
+  }
+  return at::argsort(at::tensor(code, at::kLong));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,6 +133,7 @@ int main(int argc, char** argv) {
   select_blas_kernels(argc, argv);  // as crucible's main does
   tune_allocator_for_training();
   std::string model_name = "schnet", path = "inference";
+  std::string atom_order = "lattice";
   int threads = 1, top_ops = 0;
   std::vector<int> reps = {4, 8, 16, 32};
   for (int k = 1; k + 1 < argc; k += 2) {
@@ -117,6 +143,7 @@ int main(int argc, char** argv) {
     else if (key == "--reps") reps = parse_list(value);
     else if (key == "--path") path = value;
     else if (key == "--ops") top_ops = std::atoi(value.c_str());
+    else if (key == "--order" && (value == "lattice" || value == "shuffled" || value == "morton")) atom_order = value;
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       return 1;
@@ -154,7 +181,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (int rep : reps) {
-    const Structure s = bench::fcc_cu_structure(rep);
+    Structure s = bench::fcc_cu_structure(rep);
+    if (atom_order == "shuffled") {
+      const at::Tensor perm = at::randperm(s.num_atoms(), at::TensorOptions(at::kLong));
+      s.positions = s.positions.index_select(0, perm);
+    } else if (atom_order == "morton") {
+      s.positions = s.positions.index_select(0, morton_order(s.positions, s.cell));
+    }
     const int64_t n = s.num_atoms();
     AtomicDataset ds({s}, 5.0);
     const Batch batch = ds.collate({0}).to(at::kCPU, at::kFloat);
@@ -199,9 +232,9 @@ int main(int argc, char** argv) {
       for (auto& thread_events : prof::disableProfilerLegacy())
         for (auto& ev : thread_events) gflop += static_cast<double>(ev.flops()) * 1e-9;
     }
-    std::printf("model=%s path=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f "
+    std::printf("model=%s path=%s order=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f "
                 "peak_kb_per_atom=%.2f profiled_gflop=%.3f achieved_gflops=%.2f\n",
-                model_name.c_str(), path.c_str(), threads, static_cast<long long>(n),
+                model_name.c_str(), path.c_str(), atom_order.c_str(), threads, static_cast<long long>(n),
                 static_cast<long long>(batch.num_edges()), n / best, 1e6 * best / n, peak_kb / n, gflop,
                 gflop / best);
     std::fflush(stdout);
