@@ -143,8 +143,13 @@ int main(int argc, char** argv) {
     else if (key == "--reps") reps = parse_list(value);
     else if (key == "--path") path = value;
     else if (key == "--ops") top_ops = std::atoi(value.c_str());
-    else if (key == "--order" && (value == "lattice" || value == "shuffled" || value == "morton")) atom_order = value;
-    else {
+    else if (key == "--order") {
+      if (value != "lattice" && value != "shuffled" && value != "morton") {
+        std::fprintf(stderr, "--order: expected lattice, shuffled or morton, got '%s'\n", value.c_str());
+        return 1;
+      }
+      atom_order = value;
+    } else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       return 1;
     }

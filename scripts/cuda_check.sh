@@ -14,6 +14,10 @@
 # .devdeps/gloo_inc: they are searched first. The Python module, the KIM
 # driver and the benchmarks are not built here; the Python-oracle tests
 # (python3-ase) are not run.
+#
+# Environment: BUILD_TIMEOUT / CTEST_TIMEOUT (seconds, default 330 / 200),
+# TARGETS (ninja targets to build; default all), STOP_AFTER_BUILD=1 (exit
+# after the build, e.g. to run a debugger on a few targets).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${1:-build-cuda/logs}
@@ -27,9 +31,9 @@ J=$(nproc)
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
 } 2>&1 | tee "$LOG/machine.txt"
 
-TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-TORCH_LIB=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-TORCH_INC=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
+{ read -r TORCH_PREFIX; read -r TORCH_LIB; read -r TORCH_INC; } < <(python3 -c 'import torch, os
+d = os.path.dirname(torch.__file__)
+print(torch.utils.cmake_prefix_path, os.path.join(d, "lib"), os.path.join(d, "include"), sep="\n")')
 PREFIX="$TORCH_PREFIX"
 [ -d .devdeps/root/usr ] && PREFIX="$PWD/.devdeps/root/usr;$PREFIX"
 EXTRA_FLAGS=""

@@ -30,6 +30,12 @@ inline void sigmoid_pair(A v, A& s, A& one_minus_s) {
   one_minus_s = sigmoid_of(-v, e);
 }
 
+// silu'(v) = σ(1 + v(1 − σ)) from s = σ(v) and r = 1 − σ(v).
+template <class A>
+inline A derivative_of(A v, A s, A r) {
+  return s * (A(1) + v * r);
+}
+
 // out[0] = silu(x), out[1] = silu'(x) (if NO == 2).
 template <int NO>
 struct ValueLoop {
@@ -42,7 +48,7 @@ struct ValueLoop {
       A s, r;
       sigmoid_pair(v, s, r);
       out[0][k] = v * s;
-      if constexpr (NO == 2) out[1][k] = s * (A(1) + v * r);
+      if constexpr (NO == 2) out[1][k] = derivative_of(v, s, r);
     }
   }
 };
@@ -57,7 +63,7 @@ struct FirstLoop {
       const A v = in[1][k];
       A s, r;
       sigmoid_pair(v, s, r);
-      out[0][k] = in[0][k] * (s * (A(1) + v * r));
+      out[0][k] = in[0][k] * derivative_of(v, s, r);
     }
   }
 };
@@ -73,7 +79,7 @@ struct SecondLoop {
       A s, r;
       sigmoid_pair(v, s, r);
       const A gg = in[0][k];
-      out[0][k] = gg * (s * (A(1) + v * r));
+      out[0][k] = gg * derivative_of(v, s, r);
       out[1][k] = gg * in[1][k] * (s * r * (A(2) + v * (r - s)));
     }
   }

@@ -122,6 +122,12 @@ inline std::pair<at::Tensor, at::Tensor> brute_force_neighbors(const Structure& 
   return {edge_index, shifts};
 }
 
+/// max |a − b| over all elements, as a double; a and b on any device and of
+/// any floating dtype (compared on the CPU in float64).
+inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.cpu().to(at::kDouble) - b.cpu().to(at::kDouble)).abs().max().item<double>();
+}
+
 /// Batch of `structures` (float64, CPU) with brute-force neighbor lists at
 /// `cutoff`; labels copied where present (zero and has_* false otherwise).
 inline Batch make_batch(const std::vector<Structure>& structures, double cutoff) {

@@ -27,15 +27,12 @@ namespace crucible {
 namespace {
 
 using testing::biased_schnet;
+using testing::max_abs_diff;
 using testing::mixed_batch;
 using testing::multi_element_mace;
 
 #define SKIP_WITHOUT_CUDA() \
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device in this LibTorch build or machine"
-
-double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.cpu().to(at::kDouble) - b.cpu().to(at::kDouble)).abs().max().item<double>();
-}
 
 /// GPU against CPU in float64 for the training and the inference path: the
 /// sums run in another order on the GPU (atomic index_add), so 1e-9, not 0.

@@ -25,10 +25,9 @@ namespace crucible {
 namespace {
 
 using testing::biased_schnet;
+using testing::max_abs_diff;
 using testing::mixed_batch;
 using testing::multi_element_mace;
-
-double max_abs_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 void expect_paths_equal(EnergyModel& model, const Batch& batch) {
   ComputeOptions train;

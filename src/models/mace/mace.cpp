@@ -276,14 +276,13 @@ std::vector<at::Tensor> MaceImpl::radial_mlp_weights(int64_t t) const {
 
 namespace {
 
-// The radial MLP up to its last layer: silu after each hidden product
-// (silu_fused, or at::silu on the reference path).
+// The MLPs' activation: silu_fused, or at::silu on the reference path.
+at::Tensor hidden_silu(const at::Tensor& z, bool ref) { return ref ? at::silu(z) : silu_fused(z); }
+
+// The radial MLP up to its last layer: silu after each hidden product.
 at::Tensor radial_hidden(const std::vector<at::Tensor>& W, const at::Tensor& edge_feats, bool ref) {
   at::Tensor h = edge_feats;
-  for (size_t k = 0; k + 1 < W.size(); ++k) {
-    const at::Tensor z = matmul_bucketed_rows(h, W[k]);
-    h = ref ? at::silu(z) : silu_fused(z);
-  }
+  for (size_t k = 0; k + 1 < W.size(); ++k) h = hidden_silu(matmul_bucketed_rows(h, W[k]), ref);
   return h;
 }
 
@@ -533,8 +532,7 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     if (R.size() == 1) {
       e = matmul_bucketed_rows(s, R[0] * inv_c);
     } else {
-      const at::Tensor z = matmul_bucketed_rows(s, R[0] * inv_c);
-      const at::Tensor hid = options_.reference_autograd ? at::silu(z) : silu_fused(z);
+      const at::Tensor hid = hidden_silu(matmul_bucketed_rows(s, R[0] * inv_c), options_.reference_autograd);
       e = matmul_bucketed_rows(hid, R[1] * (mace::normalized_silu_factor() / std::sqrt(static_cast<double>(options_.readout_mlp))));
     }
     AutocastDisabledGuard no_autocast;
