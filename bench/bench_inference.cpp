@@ -12,13 +12,16 @@
 // --model gemm prints the float32 and bfloat16 rates of a 1024³ matrix product.
 // Run: ./build/bench/bench_inference [--model schnet|mace|gemm] [--threads N]
 //      [--reps 4,8,16,32] [--path inference|training] [--ops K]
-//      [--order lattice|shuffled|morton]
+//      [--order lattice|shuffled|morton] [--flops 0|1] [--op-shapes 0|1]
 // --order permutes the atoms before the neighbor list: same structure, same
 // edges, other indices. shuffled: at random (seed 0), so a receiver's
 // neighbors no longer have nearby indices; morton: along a Z-order curve of
 // the fractional coordinates (10 bits per axis), so they have nearer ones
 // than in lattice order (ASE repeat order). The per-atom cost of each says
 // how much of its growth with size is cache locality.
+// --flops 0 skips the profiled call that counts a training call's FLOPs
+// (for perf record: then every call but the first is a timed one).
+// --op-shapes 1 lists --ops per operator and input shapes.
 // --ops K profiles one more (untimed) call and prints its K operators of the
 // largest self time (time inside the op minus its child ops; summed over all
 // threads' records, so wall time only where one thread runs), one
@@ -40,6 +43,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sys/resource.h>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -52,6 +56,20 @@
 namespace {
 
 // Linux: kB of the named /proc/self/status line ("VmRSS", "VmHWM").
+// Minor page faults of this process so far (getrusage).
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// Seconds this process has spent in the kernel so far (getrusage).
+double kernel_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_stime.tv_usec);
+}
+
 double status_kb(const char* key) {
   std::ifstream f("/proc/self/status");
   std::string line;
@@ -80,8 +98,9 @@ std::vector<int> parse_list(const std::string& s) {
 
 // Self time per operator name, in ms, and the number of calls, from the
 // legacy profiler's push/pop records (nested per thread).
+// With `shapes`, an op's key is its name and its inputs' shapes.
 std::map<std::string, std::pair<double, int>> self_times(
-    const std::vector<std::vector<torch::autograd::profiler::LegacyEvent>>& threads) {
+    const std::vector<std::vector<torch::autograd::profiler::LegacyEvent>>& threads, bool shapes) {
   using torch::autograd::profiler::EventKind;
   using torch::autograd::profiler::LegacyEvent;
   std::map<std::string, std::pair<double, int>> out;
@@ -98,7 +117,15 @@ std::map<std::string, std::pair<double, int>> self_times(
         const Open o = stack.back();
         stack.pop_back();
         const double total = o.push->cpuElapsedUs(ev);
-        auto& entry = out[o.push->name()];
+        std::string key = o.push->name();
+        if (shapes) {
+          for (const auto& dims : o.push->shapes()) {
+            key += " [";
+            for (size_t d = 0; d < dims.size(); ++d) key += (d ? "," : "") + std::to_string(dims[d]);
+            key += "]";
+          }
+        }
+        auto& entry = out[key];
         entry.first += (total - o.child_us) * 1e-3;
         entry.second += 1;
         if (!stack.empty()) stack.back().child_us += total;
@@ -134,7 +161,7 @@ int main(int argc, char** argv) {
   tune_allocator_for_training();
   std::string model_name = "schnet", path = "inference";
   std::string atom_order = "lattice";
-  int threads = 1, top_ops = 0;
+  int threads = 1, top_ops = 0, count_flops = 1, op_shapes = 0;
   std::vector<int> reps = {4, 8, 16, 32};
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string key = argv[k], value = argv[k + 1];
@@ -143,6 +170,8 @@ int main(int argc, char** argv) {
     else if (key == "--reps") reps = parse_list(value);
     else if (key == "--path") path = value;
     else if (key == "--ops") top_ops = std::atoi(value.c_str());
+    else if (key == "--flops") count_flops = std::atoi(value.c_str());
+    else if (key == "--op-shapes") op_shapes = std::atoi(value.c_str());
     else if (key == "--order") {
       if (value != "lattice" && value != "shuffled" && value != "morton") {
         std::fprintf(stderr, "--order: expected lattice, shuffled or morton, got '%s'\n", value.c_str());
@@ -215,19 +244,23 @@ int main(int argc, char** argv) {
     reset_peak();
     evaluate();
     const double peak_kb = status_kb("VmHWM") - rss0;
+    const long faults_first = minor_faults();
+    const double kernel_first = kernel_seconds();
     double best = 1e30;
     for (int c = 0; c < calls; ++c) {
       const auto t0 = std::chrono::steady_clock::now();
       evaluate();
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
+    const double faults_per_call = static_cast<double>(minor_faults() - faults_first) / calls;
+    const double kernel_share = (kernel_seconds() - kernel_first) / calls / best;
     // FLOPs of one call as LibTorch's profiler counts them (matrix products,
     // element-wise add/mul; the hand-written edge kernels are not counted,
     // so the achieved rate below is a lower bound). Untimed; training path only.
     // Not above 8192 atoms: the profiler's records of a 131072-atom inference
     // call, and of a 16384-atom MACE training call, filled 24 GB.
     double gflop = std::nan("");
-    if (co.training && n <= 8192) {
+    if (co.training && n <= 8192 && count_flops != 0) {
       gflop = 0.0;
       namespace prof = torch::autograd::profiler;
       prof::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(
@@ -238,18 +271,19 @@ int main(int argc, char** argv) {
         for (auto& ev : thread_events) gflop += static_cast<double>(ev.flops()) * 1e-9;
     }
     std::printf("model=%s path=%s order=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f "
-                "peak_kb_per_atom=%.2f profiled_gflop=%.3f achieved_gflops=%.2f\n",
+                "peak_kb_per_atom=%.2f faults_per_call=%.0f kernel_share=%.3f profiled_gflop=%.3f achieved_gflops=%.2f\n",
                 model_name.c_str(), path.c_str(), atom_order.c_str(), threads, static_cast<long long>(n),
-                static_cast<long long>(batch.num_edges()), n / best, 1e6 * best / n, peak_kb / n, gflop,
+                static_cast<long long>(batch.num_edges()), n / best, 1e6 * best / n, peak_kb / n, faults_per_call, kernel_share, gflop,
                 gflop / best);
     std::fflush(stdout);
     if (top_ops > 0) {
       namespace prof = torch::autograd::profiler;
-      prof::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU));
+      prof::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU,
+                                                                         /*report_input_shapes=*/op_shapes != 0));
       const auto t0 = std::chrono::steady_clock::now();
       evaluate();
       const double wall_ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const auto times = self_times(prof::disableProfilerLegacy());
+      const auto times = self_times(prof::disableProfilerLegacy(), op_shapes != 0);
       std::vector<std::pair<double, std::string>> order;
       for (const auto& [name, t] : times) order.emplace_back(t.first, name);
       std::sort(order.rbegin(), order.rend());

@@ -294,12 +294,15 @@ std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const Mo
     }
     if (!stacked_coeffs[v].defined()) continue;
     const at::Tensor B = at::mm(stacked_coeffs[v], mono.view({mono.size(0), N * C})).view({-1, N, C});  // [R, N, C]
-    int64_t row = 0;
+    // One split, not a narrow per output: a narrow's backward writes a
+    // zero-filled gradient of all of B ([R, N, C]) per output and adds them.
+    std::vector<int64_t> rows;
+    for (size_t o = 0; o < num_out; ++o) rows.push_back(table.out_dims[v][o] * table.num_basis[v][o]);
+    const std::vector<at::Tensor> parts = B.split_with_sizes(rows, 0);
     for (size_t o = 0; o < num_out; ++o) {
       const int64_t K = table.num_basis[v][o], O = table.out_dims[v][o];
       if (K == 0) continue;
-      const at::Tensor part = B.narrow(0, row, O * K).view({O, K, N, C});
-      row += O * K;
+      const at::Tensor part = parts[o].view({O, K, N, C});
       // Σ_k B[o, k, n, c] W[n, k, c]
       const at::Tensor term = (part * weights[o][v].transpose(0, 1).unsqueeze(0)).sum(1);  // [O, N, C]
       y[o] = y[o].defined() ? y[o] + term : term;

@@ -54,10 +54,15 @@ using bf16_bits::widen;  // bf16 as the upper half of a float32 (bf16_bits.h)
 // float32 at 6912 Cu atoms): the hardware prefetchers cannot guess them, so
 // the loops ask for the rows kPrefetchEdges edges ahead.
 constexpr int64_t kPrefetchEdges = 32;
+// Longer rows (MACE's product basis: rows of nodes × channels) are streamed
+// in order, which the hardware prefetchers follow; asking for 32 such rows
+// ahead would evict the rows in use.
+constexpr int64_t kPrefetchMaxRowBytes = 4096;
 
 // Prefetches the cache lines of one row of K elements (rw: 1 to write).
 template <class T>
 inline void prefetch_row(const T* row, int64_t K, int rw) {
+  if (K * static_cast<int64_t>(sizeof(T)) > kPrefetchMaxRowBytes) return;
   const char* p = reinterpret_cast<const char*>(row);
   for (int64_t b = 0; b < K * static_cast<int64_t>(sizeof(T)); b += 64) {
     if (rw) {
