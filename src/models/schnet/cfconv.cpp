@@ -54,10 +54,11 @@ using bf16_bits::widen;  // bf16 as the upper half of a float32 (bf16_bits.h)
 // float32 at 6912 Cu atoms): the hardware prefetchers cannot guess them, so
 // the loops ask for the rows kPrefetchEdges edges ahead.
 constexpr int64_t kPrefetchEdges = 32;
-// Longer rows (MACE's product basis: rows of nodes × channels) are streamed
-// in order, which the hardware prefetchers follow; asking for 32 such rows
-// ahead would evict the rows in use.
-constexpr int64_t kPrefetchMaxRowBytes = 4096;
+// Rows are prefetched while kPrefetchEdges of them fit in a 1 MB L2 (Zen 4/5;
+// 2 MB on recent Xeons): MACE's product basis has rows of N·C floats
+// (885 KB at 6912 atoms), where 32 rows ahead was up to 28 MB of prefetches
+// that evicted the rows in use; at 256 atoms (32 KB rows) they help.
+constexpr int64_t kPrefetchMaxRowBytes = (int64_t{1} << 20) / kPrefetchEdges;
 
 // Prefetches the cache lines of one row of K elements (rw: 1 to write).
 template <class T>
