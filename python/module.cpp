@@ -15,6 +15,7 @@
 #include "crucible/data/structure_checks.h"
 #include "crucible/models/energy_model.h"
 #include "crucible/neighbors/neighbor_list.h"
+#include "crucible/training/allocator.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -51,6 +52,11 @@ py::array_t<double> to_numpy(const at::Tensor& t) {
 class Model {
  public:
   Model(const std::string& path, const std::string& dtype) {
+    // Freed blocks of 16 MiB or more are kept for the next call, as the
+    // crucible executables do: under python3's glibc malloc each MD-sized
+    // temporary was mmap'd and page-faulted again on every call (issue 19).
+    // CRUCIBLE_DEFAULT_MALLOC=1 in the environment leaves LibTorch's allocator.
+    install_large_block_cache();
     loaded_ = load_model(model_directory(path));  // a run directory or its model.pt
     const auto t = dtype_from_name(dtype);
     if (!t) throw std::invalid_argument("dtype must be " + dtype_choices() + ", got \"" + dtype + "\"");

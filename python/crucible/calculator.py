@@ -13,6 +13,10 @@ class Calculator(_AseCalculator):
     dtype : "float64" (default) or "float32".
 
     Units: eV, eV/Å, eV/Å^3 (stress with ASE's sign: positive = tensile).
+    Loading a model makes LibTorch keep freed CPU blocks of 16 MiB or more
+    for reuse in this process (no page faults per MD step on large cells;
+    docs/inference_path.md); CRUCIBLE_DEFAULT_MALLOC=1 in the environment
+    keeps LibTorch's own allocator.
     Periodic, mixed and non-periodic cells; Crucible's own neighbor list.
     """
 

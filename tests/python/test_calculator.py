@@ -140,6 +140,27 @@ class Calculator(unittest.TestCase):
             atoms.get_potential_energy()
         self.assertIn("atoms must be at least", str(ctx.exception))
 
+    def test_loading_a_model_keeps_large_blocks_for_the_next_call(self):
+        # Issue 19: loading a model installs the large block cache, so a freed
+        # 64 MiB tensor's memory serves the next one without page faults;
+        # CRUCIBLE_DEFAULT_MALLOC=1 keeps LibTorch's allocator (python3's glibc
+        # maps such a block afresh: one fault per 4 KiB page, 16384).
+        probe = ("import resource,sys,torch;sys.path.insert(0,sys.argv[1]);import crucible;"
+                 "crucible.load_model(sys.argv[2]);"
+                 "a=torch.empty(16<<20);a.fill_(1.0);del a;"
+                 "f=resource.getrusage(resource.RUSAGE_SELF).ru_minflt;"
+                 "b=torch.empty(16<<20);b.fill_(1.0);"
+                 "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt-f)")
+        faults = {}
+        for default in ("0", "1"):
+            out = subprocess.run([sys.executable, "-c", probe, PYDIR, SCHNET], check=True, capture_output=True,
+                                 text=True, env=dict(os.environ, CRUCIBLE_DEFAULT_MALLOC=default))
+            faults[default] = int(out.stdout.split()[-1])
+        print(f"[ info ] page faults refilling a freed 64 MiB tensor: cache {faults['0']}, "
+              f"LibTorch's allocator {faults['1']}")
+        self.assertLess(faults["0"], 1000)
+        self.assertGreater(faults["1"], 8000)
+
     def test_nve_conserves_energy(self):
         atoms = tial_cell((2, 2, 2))
         self.assertGreaterEqual(len(atoms), 16)

@@ -49,7 +49,10 @@ const char* active_malloc();
 /// Linux overcommits (malloc succeeds, then the machine swaps), a request
 /// the kernel could not serve with 1/16 of the physical memory to spare
 /// (MemAvailable) first returns cached blocks, the largest first, until
-/// bytes_to_yield are freed. Called by tune_allocator_for_training; a no-op
+/// bytes_to_yield are freed. Called by tune_allocator_for_training, by the
+/// Python module when it loads a model and by the KIM driver's create
+/// routine (python3 and lmp: glibc mapped every block over 32 MiB afresh,
+/// 1.3-1.6 s of page faults per 16384-atom MACE call); a no-op
 /// when the environment sets CRUCIBLE_DEFAULT_MALLOC=1. Huge pages: a
 /// 6912-atom SchNet training step 2-7% faster once its blocks are cached
 /// (Zen 5 VM, 1 thread); on that VM the first step sometimes spent ~3 s in

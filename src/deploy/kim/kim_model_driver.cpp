@@ -13,12 +13,14 @@
 #include "crucible/cli/model_io.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/deploy/cluster.h"
+#include "crucible/training/allocator.h"
 
 #include "KIM_ModelDriverHeaders.hpp"
 
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <dlfcn.h>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -152,6 +154,23 @@ LoadedModel load_from_parameter_files(KIM::ModelDriverCreate* const create) {
 }  // namespace
 }  // namespace crucible
 
+extern "C" int crucible_kim_model_driver_create(KIM::ModelDriverCreate* const create, KIM::LengthUnit const,
+                                                KIM::EnergyUnit const, KIM::ChargeUnit const,
+                                                KIM::TemperatureUnit const, KIM::TimeUnit const);
+
+namespace {
+
+/// Keeps this library mapped for the rest of the process (RTLD_NODELETE):
+/// the large block cache's code lives here and LibTorch calls it for every
+/// CPU tensor, also after KIM closes the driver. False if it cannot.
+bool pin_this_library() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&crucible_kim_model_driver_create), &info) == 0 || !info.dli_fname) return false;
+  return dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) != nullptr;
+}
+
+}  // namespace
+
 /// KIM::ModelDriverCreateFunction: metal units (Å, eV), one neighbor list at
 /// the model's cutoff, influence distance = the model's interaction range,
 /// one species code per element the model was trained on. No Refresh
@@ -168,6 +187,11 @@ extern "C" int crucible_kim_model_driver_create(KIM::ModelDriverCreate* const cr
     report(create, std::string("crucible KIM model: ") + e.what(), __LINE__);
     return 1;
   }
+  // Freed blocks of 16 MiB or more are kept for the next force call, as
+  // the crucible executables do: under lmp's glibc malloc each MD-sized
+  // temporary was mmap'd and page-faulted again on every call (issue 19).
+  // CRUCIBLE_DEFAULT_MALLOC=1 in the environment leaves LibTorch's allocator.
+  if (pin_this_library()) install_large_block_cache();
   EnergyModel& model = *buffer->loaded.model;
   buffer->name = "crucible KIM model (" + buffer->loaded.meta.model_type + ")";
   buffer->neighbor_cutoff = model.cutoff();
