@@ -60,7 +60,8 @@ def main():
     print(f"GEMM 1024³, 1 thread: float32 {gemm['float32']:.0f} GFLOP/s, bfloat16 {gemm['bfloat16']:.0f} GFLOP/s "
           f"(ratio {gemm['bfloat16'] / gemm['float32']:.1f})")
     print(f"malloc: {gemm_lines[0].get('malloc', '?')} in the C++ executables (the Python calculator and "
-          f"LAMMPS/KIM run on their host process's malloc)")
+          f"LAMMPS/KIM run on their host process's malloc); LibTorch's blocks of 16 MiB or more are kept for "
+          f"reuse in all of them (the large block cache)")
     print()
 
     def one(model, rep, threads=1, path="inference"):
