@@ -159,7 +159,15 @@ class Calculator(unittest.TestCase):
         print(f"[ info ] page faults refilling a freed 64 MiB tensor: cache {faults['0']}, "
               f"LibTorch's allocator {faults['1']}")
         self.assertLess(faults["0"], 1000)
-        self.assertGreater(faults["1"], 8000)
+        # Where Linux backs every mapping with huge pages (THP "always"), the
+        # opt-out takes ~32 faults instead, and this side shows nothing.
+        thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+        thp_always = False
+        if os.path.exists(thp):
+            with open(thp) as f:
+                thp_always = "[always]" in f.read()
+        if not thp_always:
+            self.assertGreater(faults["1"], 8000)
 
     def test_nve_conserves_energy(self):
         atoms = tial_cell((2, 2, 2))
