@@ -43,7 +43,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <sys/resource.h>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -53,23 +52,22 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+
 namespace {
 
+// This process so far (getrusage): minor page faults and seconds in the kernel.
+struct Usage {
+  long minor_faults;
+  double kernel_seconds;
+};
+Usage self_usage() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return {u.ru_minflt, static_cast<double>(u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_stime.tv_usec)};
+}
+
 // Linux: kB of the named /proc/self/status line ("VmRSS", "VmHWM").
-// Minor page faults of this process so far (getrusage).
-long minor_faults() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_minflt;
-}
-
-// Seconds this process has spent in the kernel so far (getrusage).
-double kernel_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_stime.tv_usec);
-}
-
 double status_kb(const char* key) {
   std::ifstream f("/proc/self/status");
   std::string line;
@@ -244,16 +242,16 @@ int main(int argc, char** argv) {
     reset_peak();
     evaluate();
     const double peak_kb = status_kb("VmHWM") - rss0;
-    const long faults_first = minor_faults();
-    const double kernel_first = kernel_seconds();
+    const Usage before = self_usage();
     double best = 1e30;
     for (int c = 0; c < calls; ++c) {
       const auto t0 = std::chrono::steady_clock::now();
       evaluate();
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    const double faults_per_call = static_cast<double>(minor_faults() - faults_first) / calls;
-    const double kernel_share = (kernel_seconds() - kernel_first) / calls / best;
+    const Usage after = self_usage();
+    const double faults_per_call = static_cast<double>(after.minor_faults - before.minor_faults) / calls;
+    const double kernel_share = (after.kernel_seconds - before.kernel_seconds) / calls / best;
     // FLOPs of one call as LibTorch's profiler counts them (matrix products,
     // element-wise add/mul; the hand-written edge kernels are not counted,
     // so the achieved rate below is a lower bound). Untimed; training path only.

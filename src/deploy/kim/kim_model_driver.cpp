@@ -151,25 +151,17 @@ LoadedModel load_from_parameter_files(KIM::ModelDriverCreate* const create) {
   return loaded;
 }
 
-}  // namespace
-}  // namespace crucible
-
-extern "C" int crucible_kim_model_driver_create(KIM::ModelDriverCreate* const create, KIM::LengthUnit const,
-                                                KIM::EnergyUnit const, KIM::ChargeUnit const,
-                                                KIM::TemperatureUnit const, KIM::TimeUnit const);
-
-namespace {
-
 /// Keeps this library mapped for the rest of the process (RTLD_NODELETE):
 /// the large block cache's code lives here and LibTorch calls it for every
 /// CPU tensor, also after KIM closes the driver. False if it cannot.
 bool pin_this_library() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&crucible_kim_model_driver_create), &info) == 0 || !info.dli_fname) return false;
+  if (dladdr(reinterpret_cast<void*>(&pin_this_library), &info) == 0 || !info.dli_fname) return false;
   return dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) != nullptr;
 }
 
 }  // namespace
+}  // namespace crucible
 
 /// KIM::ModelDriverCreateFunction: metal units (Å, eV), one neighbor list at
 /// the model's cutoff, influence distance = the model's interaction range,
