@@ -13,22 +13,25 @@
 #include <sys/mman.h>
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <iterator>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <new>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace crucible {
+
+#if defined(__linux__)
 namespace {
 
 constexpr size_t kMinCached = size_t{16} << 20;  // below: glibc's heap reuses blocks (M_MMAP_THRESHOLD 32 MiB)
-constexpr size_t kGranule = size_t{2} << 20;      // size classes and alignment: 2 MiB (<= 12.5% waste, huge pages)
+constexpr size_t kGranule = size_t{2} << 20;      // sizes and alignment: 2 MiB (<= 12.5% waste, huge pages)
 
 /// Physical memory in bytes; 0 where sysconf cannot tell.
 size_t physical_memory_bytes() {
@@ -36,13 +39,85 @@ size_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
 }
 
+/// A run of addresses that lies inside one mapping (VMA) of the kernel, so
+/// that one mremap can move it (kernels before 6.17 refuse to move a range
+/// that spans several mappings).
+struct Piece {
+  char* address;
+  size_t bytes;
+};
+
+/// A block: pieces in address order, each starting where the previous one
+/// ends; the block's address is the first piece's.
+struct Block {
+  std::vector<Piece> pieces;
+  size_t bytes = 0;
+
+  char* address() const { return pieces.front().address; }
+
+  /// Cuts the first `bytes` (a multiple of 2 MiB, less than this block's
+  /// size) off into the returned block; this one keeps the rest.
+  Block take_front(size_t bytes_wanted) {
+    Block front;
+    while (front.bytes < bytes_wanted) {
+      Piece& p = pieces.front();
+      const size_t n = std::min(p.bytes, bytes_wanted - front.bytes);
+      front.pieces.push_back({p.address, n});
+      front.bytes += n;
+      if (n == p.bytes) {
+        pieces.erase(pieces.begin());
+      } else {
+        p.address += n;
+        p.bytes -= n;
+      }
+    }
+    bytes -= bytes_wanted;
+    return front;
+  }
+};
+
+/// Asks Linux to back [ptr, ptr + size) (2 MiB aligned, a multiple of 2 MiB)
+/// with transparent huge pages where the kernel's THP mode is `madvise`
+/// (Debian's default) or `always`; a no-op elsewhere or when the kernel
+/// refuses. With 4 KiB pages, a 16384-atom training step streams each
+/// [pairs, 64] tensor across ~10^4 pages (TLB misses, and the hardware
+/// prefetchers stop at every page boundary): huge pages made a 6912-atom
+/// SchNet training step 2-7% faster here (Zen 5 VM, 1 thread).
+/// CRUCIBLE_HUGE_PAGES=0 in the environment leaves the kernel's default.
+void advise_huge_pages(char* ptr, size_t size) {
+#if defined(MADV_HUGEPAGE)
+  static const bool wanted = [] {
+    const char* v = std::getenv("CRUCIBLE_HUGE_PAGES");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  if (wanted) (void)madvise(ptr, size, MADV_HUGEPAGE);
+#endif
+}
+
+/// A fresh 2 MiB-aligned anonymous mapping of `size` bytes (a multiple of
+/// 2 MiB), or nullptr when the kernel refuses it.
+char* map_aligned(size_t size) {
+  void* raw = mmap(nullptr, size + kGranule, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  char* base = static_cast<char*>(raw);
+  const uintptr_t misaligned = reinterpret_cast<uintptr_t>(base) % kGranule;
+  const size_t head = misaligned == 0 ? 0 : kGranule - misaligned;
+  if (head > 0) munmap(base, head);
+  munmap(base + head + size, kGranule - head);
+  advise_huge_pages(base + head, size);
+  return base + head;
+}
+
+void unmap(const Block& block) {
+  for (const Piece& p : block.pieces) munmap(p.address, p.bytes);
+}
+
 class LargeBlockCache final : public c10::Allocator {
  public:
   explicit LargeBlockCache(c10::Allocator* fallback)
       : fallback_(fallback), fallback_raw_deleter_(fallback->raw_deleter()) {
     const size_t physical = physical_memory_bytes();
-    physical_ = physical > 0 ? physical : size_t{1} << 34;
-    limit_ = physical_ / 2;
+    limit_ = (physical > 0 ? physical : size_t{1} << 34) / 2;
   }
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
@@ -56,6 +131,16 @@ class LargeBlockCache final : public c10::Allocator {
   // `release` tells cached blocks from the previous allocator's.
   c10::DeleterFnPtr raw_deleter() const override { return &LargeBlockCache::release; }
 
+  void empty_idle() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    empty();
+  }
+
+  LargeBlockCacheStats stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
   static LargeBlockCache* instance;
 
  private:
@@ -64,139 +149,127 @@ class LargeBlockCache final : public c10::Allocator {
     // its raw deleter), so freeing them takes no lock here.
     if (n < kMinCached) return fallback_->allocate(n);
     const size_t size = (n + kGranule - 1) / kGranule * kGranule;
-    void* ptr = nullptr;
-    size_t got = size;
-    {
-      // Best fit among cached blocks up to 1.5 × the request, so that a
-      // slightly larger request reuses a block instead of mapping a new one.
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = free_.lower_bound(size);
-      if (it != free_.end() && it->first <= size + size / 2) {
-        got = it->first;
-        ptr = it->second;
-        free_.erase(it);
-        cached_ -= got;
-      }
-    }
-    if (!ptr) ptr = fresh(size);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      live_.emplace(ptr, got);
-    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    Block block = take(size);
+    char* ptr = block.address();
+    stats_.live_bytes += size;
+    live_.emplace(ptr, std::move(block));
     return c10::DataPtr(ptr, ptr, &LargeBlockCache::release, c10::Device(c10::DeviceType::CPU));
   }
 
-  void* fresh(size_t size) const {
-    // Linux overcommits: malloc rarely fails, the machine swaps or the OOM
-    // killer ends the process instead. So a miss that the kernel could not
-    // serve with physical_/16 to spare gives back cached blocks first, the
-    // largest first and only as many bytes as it lacks (emptying the whole
-    // cache made a 16384-atom MACE training step re-fault its temporaries).
-    bool has_cache = false;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      has_cache = cached_ > 0;
-    }
-    if (has_cache) {
-      give_back(bytes_to_yield(size, static_cast<size_t>(available_memory_bytes()), physical_));
-    }
-    void* ptr = nullptr;
-    if (posix_memalign(&ptr, kGranule, size) == 0) return with_huge_pages(ptr, size);
-    empty();  // out of memory: give the cache back and try once more
-    if (posix_memalign(&ptr, kGranule, size) == 0) return with_huge_pages(ptr, size);
-    throw std::bad_alloc();
-  }
-
-  /// Asks Linux to back [ptr, ptr + size) (2 MiB aligned, a multiple of
-  /// 2 MiB) with transparent huge pages where the kernel's THP mode is
-  /// `madvise` (Debian's default) or `always`; a no-op elsewhere or when
-  /// the kernel refuses. With 4 KiB pages, a 16384-atom training step
-  /// streams each [pairs, 64] tensor across ~10^4 pages (TLB misses, and
-  /// the hardware prefetchers stop at every page boundary): huge pages made
-  /// a 6912-atom SchNet training step 2-7% faster here (Zen 5 VM, 1 thread).
-  /// CRUCIBLE_HUGE_PAGES=0 in the environment leaves the kernel's default.
-  static void* with_huge_pages(void* ptr, size_t size) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    static const bool wanted = [] {
-      const char* v = std::getenv("CRUCIBLE_HUGE_PAGES");
-      return v == nullptr || std::string(v) != "0";
-    }();
-    if (wanted) (void)madvise(ptr, size, MADV_HUGEPAGE);
-#endif
-    return ptr;
-  }
-
-  /// Frees cached blocks, the largest first, until `bytes` are freed or
-  /// none is left.
-  void give_back(size_t bytes) const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    size_t freed = 0;
-    while (freed < bytes && !free_.empty()) {
-      const auto it = std::prev(free_.end());
-      std::free(it->second);
-      freed += it->first;
-      cached_ -= it->first;
+  /// A block of `size` bytes. Called with the mutex held.
+  Block take(size_t size) const {
+    // The smallest idle block that holds the request, cut to its size; the
+    // rest stays idle.
+    auto it = free_.lower_bound(size);
+    if (it != free_.end()) {
+      Block block = std::move(it->second);
       free_.erase(it);
+      stats_.cached_bytes -= block.bytes;
+      if (block.bytes == size) return block;
+      Block front = block.take_front(size);
+      keep(std::move(block));
+      return front;
     }
+    // None does: a fresh mapping, into which the idle blocks, the largest
+    // first, are moved (mremap moves their pages: no copy, no page fault)
+    // until it is full, so that only the bytes that the idle blocks lack
+    // are new. The cache thus never maps memory while it holds idle blocks,
+    // and resident memory stays at the peak of what the tensors use.
+    char* base = map_aligned(size);
+    if (base == nullptr) {
+      empty();
+      base = map_aligned(size);
+      if (base == nullptr) throw std::bad_alloc();
+    }
+    Block block;
+    block.bytes = size;
+    size_t filled = 0;   // bytes of [base, base + size) accounted for so far
+    char* fresh = base;  // start of the run of fresh pages not yet recorded
+    size_t moved_in = 0;
+    while (filled < size && !free_.empty()) {
+      auto largest = std::prev(free_.end());
+      Block idle = std::move(largest->second);
+      free_.erase(largest);
+      stats_.cached_bytes -= idle.bytes;
+      Block moving;
+      if (idle.bytes <= size - filled) {
+        moving = std::move(idle);
+      } else {
+        moving = idle.take_front(size - filled);
+        keep(std::move(idle));
+      }
+      for (const Piece& p : moving.pieces) {
+        char* to = base + filled;
+        if (mremap(p.address, p.bytes, p.bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to) == MAP_FAILED) {
+          munmap(p.address, p.bytes);  // e.g. out of mappings: these bytes stay fresh
+        } else {
+          if (to > fresh) block.pieces.push_back({fresh, static_cast<size_t>(to - fresh)});
+          block.pieces.push_back({to, p.bytes});
+          fresh = to + p.bytes;
+          moved_in += p.bytes;
+          ++stats_.moved_pieces;
+        }
+        filled += p.bytes;
+      }
+    }
+    stats_.fresh_bytes += size - moved_in;
+    stats_.moved_bytes += moved_in;
+    if (fresh < base + size) block.pieces.push_back({fresh, static_cast<size_t>(base + size - fresh)});
+    return block;
   }
 
-  void empty() const { give_back(std::numeric_limits<size_t>::max()); }
+  /// Keeps an idle block, or unmaps it when the cache is full. Called with
+  /// the mutex held.
+  void keep(Block block) const {
+    if (stats_.cached_bytes + block.bytes > limit_) {
+      unmap(block);
+      return;
+    }
+    stats_.cached_bytes += block.bytes;
+    const size_t bytes = block.bytes;
+    free_.emplace(bytes, std::move(block));
+  }
+
+  /// Unmaps every idle block. Called with the mutex held.
+  void empty() const {
+    for (const auto& entry : free_) unmap(entry.second);
+    free_.clear();
+    stats_.cached_bytes = 0;
+  }
 
   static void release(void* ptr) {
     LargeBlockCache* self = instance;
-    size_t size = 0;
-    bool kept = false;
     {
       std::lock_guard<std::mutex> lock(self->mutex_);
       auto it = self->live_.find(ptr);
       if (it != self->live_.end()) {
-        size = it->second;
+        Block block = std::move(it->second);
         self->live_.erase(it);
-        if (self->cached_ + size <= self->limit_) {
-          self->free_.emplace(size, ptr);
-          self->cached_ += size;
-          kept = true;
-        }
+        self->stats_.live_bytes -= block.bytes;
+        self->keep(std::move(block));
+        return;
       }
     }
-    if (size == 0) {
-      self->fallback_raw_deleter_(ptr);  // a small block of the previous allocator
-    } else if (!kept) {
-      std::free(ptr);
-    }
+    self->fallback_raw_deleter_(ptr);  // a small block of the previous allocator
   }
 
   c10::Allocator* fallback_;
   c10::DeleterFnPtr fallback_raw_deleter_;
-  size_t physical_;
   size_t limit_;
   mutable std::mutex mutex_;
-  mutable std::multimap<size_t, void*> free_;
-  mutable size_t cached_ = 0;
-  mutable std::unordered_map<void*, size_t> live_;
+  mutable std::multimap<size_t, Block> free_;
+  mutable std::unordered_map<void*, Block> live_;
+  mutable LargeBlockCacheStats stats_;
 };
 
 LargeBlockCache* LargeBlockCache::instance = nullptr;
 
 }  // namespace
-
-size_t bytes_to_yield(size_t request, size_t available, size_t physical) {
-  const size_t need = request + physical / 16;
-  return available < need ? need - available : 0;
-}
-
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  const size_t physical = physical_memory_bytes();
-  return physical > 0 ? static_cast<int64_t>(physical) : INT64_MAX;
-}
+#endif  // __linux__
 
 void install_large_block_cache() {
+#if defined(__linux__)
   static std::once_flag once;
   std::call_once(once, [] {
     const char* keep = std::getenv("CRUCIBLE_DEFAULT_MALLOC");
@@ -209,6 +282,24 @@ void install_large_block_cache() {
     LargeBlockCache::instance = cache;
     c10::SetCPUAllocator(cache, /*priority=*/1);
   });
+#endif
+}
+
+bool large_block_cache_stats(LargeBlockCacheStats* out) {
+#if defined(__linux__)
+  if (LargeBlockCache::instance == nullptr) return false;
+  *out = LargeBlockCache::instance->stats();
+  return true;
+#else
+  (void)out;
+  return false;
+#endif
+}
+
+void empty_large_block_cache() {
+#if defined(__linux__)
+  if (LargeBlockCache::instance != nullptr) LargeBlockCache::instance->empty_idle();
+#endif
 }
 
 }  // namespace crucible

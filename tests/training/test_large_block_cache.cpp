@@ -7,13 +7,18 @@
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <fstream>
+#include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace crucible {
 namespace {
@@ -48,7 +53,7 @@ TEST(LargeBlockCache, ReusesAFreedLargeBlockAndServesEveryOtherRequest) {
     a.fill_(1.0);
   }
   {
-    // A smaller request, within 1.5x of the cached block's size, reuses it.
+    // A smaller request is cut from the front of the idle block.
     at::Tensor b = at::empty({5 << 20}, at::kFloat);
     EXPECT_EQ(b.data_ptr(), first);
     b.fill_(2.0);
@@ -115,15 +120,110 @@ TEST(LargeBlockCache, LargeBlocksAre2MiBAlignedAndAskForHugePages) {
   EXPECT_EQ(vm_flags_of(b.data_ptr()).find(" hg"), std::string::npos);
 }
 
-TEST(LargeBlockCache, GivesBackWhatTheKernelLacksToServeARequest) {
-  constexpr size_t GiB = size_t{1} << 30, MiB = size_t{1} << 20;
-  // 24 GiB machine: keep 1.5 GiB to spare.
-  EXPECT_EQ(bytes_to_yield(GiB, 3 * GiB, 24 * GiB), 0u);
-  EXPECT_EQ(bytes_to_yield(GiB, GiB / 2 * 5, 24 * GiB), 0u);  // exactly enough
-  EXPECT_EQ(bytes_to_yield(GiB, 2 * GiB, 24 * GiB), GiB / 2);
-  EXPECT_EQ(bytes_to_yield(4 * GiB, 3 * GiB, 24 * GiB), GiB / 2 * 5);
-  EXPECT_EQ(bytes_to_yield(16 * MiB, 0, 16 * GiB), 16 * MiB + GiB);
-  // MemAvailable is read: positive and at most the machine's memory.
+constexpr int64_t kMiBFloats = int64_t{1} << 18;  // float32 elements in 1 MiB
+
+LargeBlockCacheStats stats_now() {
+  LargeBlockCacheStats s;
+  EXPECT_TRUE(large_block_cache_stats(&s));
+  return s;
+}
+
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+TEST(LargeBlockCache, SmallerRequestsAreCutFromAnIdleBlock) {
+  install_large_block_cache();
+  empty_large_block_cache();
+  EXPECT_EQ(stats_now().cached_bytes, 0u);
+  char* first = nullptr;
+  { at::Tensor a = at::ones({64 * kMiBFloats}, at::kFloat); first = static_cast<char*>(a.data_ptr()); }
+  const LargeBlockCacheStats before = stats_now();
+  EXPECT_EQ(before.cached_bytes, size_t{64} << 20);
+  at::Tensor b = at::empty({32 * kMiBFloats}, at::kFloat);
+  at::Tensor c = at::empty({32 * kMiBFloats}, at::kFloat);
+  EXPECT_EQ(static_cast<char*>(b.data_ptr()), first);
+  EXPECT_EQ(static_cast<char*>(c.data_ptr()), first + (size_t{32} << 20));
+  const long faults = minor_faults();
+  b.fill_(2.0);
+  c.fill_(3.0);
+  EXPECT_LT(minor_faults() - faults, 64) << "the pages of the idle block were not reused";
+  const LargeBlockCacheStats after = stats_now();
+  EXPECT_EQ(after.fresh_bytes, before.fresh_bytes);
+  EXPECT_EQ(after.cached_bytes, 0u);
+  EXPECT_EQ(after.live_bytes - before.live_bytes, size_t{64} << 20);
+  EXPECT_EQ(b.sum().item<double>(), 2.0 * b.numel());
+}
+
+TEST(LargeBlockCache, IdleBlocksAreMovedIntoALargerRequestWithTheirPages) {
+  install_large_block_cache();
+  empty_large_block_cache();
+  {
+    at::Tensor x = at::full({32 * kMiBFloats}, 1.0, at::kFloat);
+    at::Tensor keep_apart = at::empty({16 * kMiBFloats}, at::kFloat);  // x and y not adjacent
+    at::Tensor y = at::full({32 * kMiBFloats}, 2.0, at::kFloat);
+    keep_apart.fill_(0.5);
+  }
+  const LargeBlockCacheStats before = stats_now();
+  EXPECT_EQ(before.cached_bytes, size_t{80} << 20);
+  // 96 MiB: no idle block holds it, all three together do.
+  at::Tensor w = at::empty({96 * kMiBFloats}, at::kFloat);
+  const LargeBlockCacheStats after = stats_now();
+  EXPECT_EQ(after.fresh_bytes - before.fresh_bytes, size_t{16} << 20);
+  EXPECT_EQ(after.moved_bytes - before.moved_bytes, size_t{80} << 20);
+  EXPECT_GE(after.moved_pieces - before.moved_pieces, 3u);
+  EXPECT_EQ(after.cached_bytes, 0u);
+  // The moved pages still hold what x and y wrote (largest first: x or y,
+  // then the other, then the 16 MiB block), and the fresh tail is zero:
+  // they were moved, not copied into fresh pages nor left behind.
+  const float first = w[0].item<float>(), second = w[32 * kMiBFloats].item<float>();
+  EXPECT_TRUE((first == 1.0f && second == 2.0f) || (first == 2.0f && second == 1.0f)) << first << " " << second;
+  EXPECT_EQ(w.narrow(0, 0, 32 * kMiBFloats).sum().item<double>(), first * 32.0 * kMiBFloats);
+  EXPECT_EQ(w[64 * kMiBFloats].item<float>(), 0.5f);
+  EXPECT_EQ(w[96 * kMiBFloats - 1].item<float>(), 0.0f);
+  const long faults = minor_faults();
+  w.narrow(0, 0, 80 * kMiBFloats).fill_(4.0);
+  EXPECT_LT(minor_faults() - faults, 64) << "moved pages were faulted in again";
+}
+
+// Random requests between 16 and 120 MiB, some kept alive: the memory the
+// cache holds never passes what the live tensors need at their peak (it maps
+// nothing new while it has idle blocks), and no live tensor loses its data
+// when idle blocks are cut and moved.
+TEST(LargeBlockCache, HeldMemoryPeaksWhereLiveMemoryPeaks) {
+  install_large_block_cache();
+  empty_large_block_cache();
+  std::mt19937 rng(19);
+  std::uniform_int_distribution<int64_t> mib(16, 120);
+  std::vector<std::pair<at::Tensor, float>> alive;
+  size_t peak_live = 0, peak_held = 0;
+  const size_t live0 = stats_now().live_bytes;
+  for (int step = 0; step < 200; ++step) {
+    if (alive.size() == 4 || (!alive.empty() && rng() % 3 == 0)) alive.erase(alive.begin() + rng() % alive.size());
+    const size_t fresh_before = stats_now().fresh_bytes;
+    at::Tensor t = at::empty({mib(rng) * kMiBFloats}, at::kFloat);
+    const LargeBlockCacheStats s = stats_now();
+    if (s.fresh_bytes > fresh_before) {
+      EXPECT_EQ(s.cached_bytes, 0u) << "step " << step << ": mapped new memory while holding idle blocks";
+    }
+    peak_live = std::max(peak_live, s.live_bytes - live0);
+    peak_held = std::max(peak_held, s.live_bytes - live0 + s.cached_bytes);
+    // One mark per MiB.
+    const float mark = static_cast<float>(step);
+    t.view({-1, kMiBFloats}).select(1, 0).fill_(mark);
+    alive.emplace_back(t, mark);
+    for (const auto& [tensor, value] : alive) {
+      const at::Tensor marks = tensor.view({-1, kMiBFloats}).select(1, 0);
+      ASSERT_TRUE(marks.eq(value).all().item<bool>()) << "step " << step << ": a live tensor lost its data";
+    }
+  }
+  EXPECT_EQ(peak_held, peak_live);
+  EXPECT_GT(stats_now().moved_pieces, 0u);
+}
+
+TEST(LargeBlockCache, AvailableMemoryIsPositiveAndAtMostThePhysicalMemory) {
   const int64_t available = available_memory_bytes();
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   EXPECT_GT(available, 0);

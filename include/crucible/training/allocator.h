@@ -31,29 +31,36 @@ void tune_allocator_for_training();
 /// Printed next to the benchmarks' figures. Never throws.
 const char* active_malloc();
 
-/// Replaces LibTorch's CPU allocator with one that keeps freed blocks of
-/// 16 MiB or more (rounded up to 2 MiB, 2 MiB aligned, backed by
-/// transparent huge pages where Linux allows: madvise MADV_HUGEPAGE, unless
-/// the environment sets CRUCIBLE_HUGE_PAGES=0) for reuse, up to half of the
-/// physical memory, and passes smaller requests to the previous allocator
-/// (issue 19). glibc serves requests above its 32 MiB mmap ceiling with
-/// fresh mappings, so each of a large structure's edge-sized temporaries
-/// ([E,64] float32 is 176 MB at 16384 Cu atoms) was page-faulted and zeroed
-/// by the kernel on every step: 39% of a 16384-atom SchNet training step
-/// here. (With a quarter of the memory as the limit, a 16384-atom MACE
-/// training step, 13.6 GB at its peak, freed 43 GB of blocks past the limit
-/// per run and spent 28% of its time zeroing pages again: perf on an AMD
-/// EPYC Zen 5 VM with avx512_bf16, 23 GB.) Cached memory
-/// stays resident, as with PyTorch's CUDA caching allocator; on allocation
-/// failure the cache is returned and the request retried once, and since
-/// Linux overcommits (malloc succeeds, then the machine swaps), a request
-/// the kernel could not serve with 1/16 of the physical memory to spare
-/// (MemAvailable) first returns cached blocks, the largest first, until
-/// bytes_to_yield are freed. Called by tune_allocator_for_training, by the
-/// Python module when it loads a model and by the KIM driver's create
-/// routine (python3 and lmp: glibc mapped every block over 32 MiB afresh,
-/// 1.3-1.6 s of page faults per 16384-atom MACE call); a no-op
-/// when the environment sets CRUCIBLE_DEFAULT_MALLOC=1. Huge pages: a
+/// Replaces LibTorch's CPU allocator (Linux) with one that keeps freed
+/// blocks of 16 MiB or more (rounded up to 2 MiB, 2 MiB aligned, mapped
+/// with mmap and backed by transparent huge pages where Linux allows:
+/// madvise MADV_HUGEPAGE, unless the environment sets CRUCIBLE_HUGE_PAGES=0)
+/// for reuse, up to half of the physical memory, and passes smaller
+/// requests to the previous allocator (issue 19). glibc serves requests
+/// above its 32 MiB mmap ceiling with fresh mappings, so each of a large
+/// structure's edge-sized temporaries ([E,64] float32 is 176 MB at 16384 Cu
+/// atoms) was page-faulted and zeroed by the kernel on every step: 39% of a
+/// 16384-atom SchNet training step here, and 1.3-1.6 s of a 7.3-8.0 s
+/// 16384-atom MACE call in python3 (AMD EPYC Zen 5 VM, avx512_bf16).
+///
+/// A request is served from the smallest idle block that holds it, cut to
+/// its size (the rest stays idle). When no idle block is large enough, a
+/// new mapping is made and the idle blocks, the largest first, are moved
+/// into it with mremap (their pages change address: no copy, no page
+/// fault) until it is full (the CPU counterpart of PyTorch's expandable
+/// segments for CUDA, which remap physical pages instead of caching whole
+/// blocks); only the bytes the idle blocks lack are new. So the cache never maps memory while it holds idle blocks, and the
+/// memory it holds peaks where the tensors alive at once peak (the earlier
+/// best-fit-only cache held 20.2 GiB against glibc's 12.7 for a
+/// 131072-atom MACE KIM run). Blocks are tracked as pieces that each lie in
+/// one kernel mapping, since kernels before 6.17 move only such ranges.
+/// Cached memory stays resident between calls, as with PyTorch's CUDA
+/// caching allocator; when a new mapping fails, the idle blocks are
+/// unmapped and the mapping retried once.
+///
+/// Called by tune_allocator_for_training, by the Python module when it
+/// loads a model and by the KIM driver's create routine; a no-op when the
+/// environment sets CRUCIBLE_DEFAULT_MALLOC=1 or off Linux. Huge pages: a
 /// 6912-atom SchNet training step 2-7% faster once its blocks are cached
 /// (Zen 5 VM, 1 thread); on that VM the first step sometimes spent ~3 s in
 /// the kernel zeroing fresh huge pages (1.2 GB, memory the hypervisor had
@@ -62,14 +69,29 @@ const char* active_malloc();
 /// @throws std::bad_alloc from allocations when memory is exhausted.
 void install_large_block_cache();
 
-/// The large block cache's rule for a request it cannot serve from cached
-/// blocks: the bytes of cached blocks to give back before allocating,
-/// `request` + `physical` / 16 - `available` when positive, else 0 (all in
-/// bytes). Never throws.
-size_t bytes_to_yield(size_t request, size_t available, size_t physical);
-
 /// Bytes of memory available now (/proc/meminfo MemAvailable; physical
 /// memory when that is unreadable). Never throws.
 int64_t available_memory_bytes();
+
+/// What the large block cache holds and has done, in bytes (all multiples
+/// of 2 MiB) since it was installed.
+struct LargeBlockCacheStats {
+  size_t live_bytes = 0;    ///< in blocks that tensors use now
+  size_t cached_bytes = 0;  ///< in idle blocks
+  size_t fresh_bytes = 0;   ///< newly mapped (page faults when first touched)
+  size_t moved_bytes = 0;   ///< of idle blocks moved into new mappings
+  size_t moved_pieces = 0;  ///< mremap calls that moved them
+};
+
+/// Copies the large block cache's figures into `out` and returns true;
+/// returns false (and leaves `out` alone) when the cache is not installed.
+/// Never throws.
+bool large_block_cache_stats(LargeBlockCacheStats* out);
+
+/// Unmaps every idle block of the large block cache (its memory goes back
+/// to the kernel; the next large requests page-fault again), like PyTorch's
+/// torch.cuda.empty_cache. A no-op when the cache is not installed. Never
+/// throws.
+void empty_large_block_cache();
 
 }  // namespace crucible
