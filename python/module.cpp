@@ -140,4 +140,7 @@ PYBIND11_MODULE(_crucible, m) {
       .def("metadata", &crucible::Model::metadata)
       .def("compute", &crucible::Model::compute, py::arg("positions"), py::arg("numbers"), py::arg("cell"),
            py::arg("pbc"), py::arg("stress") = true);
+  m.def("empty_cache", &crucible::empty_large_block_cache,
+        "Returns the idle large blocks (16 MiB or more) that loading a model keeps for the next call to the "
+        "kernel, and the number of bytes returned; the next large call page-faults its memory again.");
 }

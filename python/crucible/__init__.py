@@ -3,11 +3,13 @@
     import crucible
     calc = crucible.Calculator("runs/default")        # an ASE calculator
     model = crucible.load_model("runs/default")       # metadata and compute()
+    crucible.empty_cache()    # the memory kept between calls back to the system
 
 Put build/python on PYTHONPATH (README). Energies in eV, forces in eV/Å,
 stress in eV/Å^3 with ASE's sign convention.
 """
 from ._crucible import Model as _Model
+from ._crucible import empty_cache
 from .calculator import Calculator
 
 
@@ -21,4 +23,4 @@ def load_model(path, dtype="float64"):
     return _Model(str(path), dtype)
 
 
-__all__ = ["Calculator", "load_model"]
+__all__ = ["Calculator", "empty_cache", "load_model"]

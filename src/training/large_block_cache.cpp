@@ -131,9 +131,11 @@ class LargeBlockCache final : public c10::Allocator {
   // `release` tells cached blocks from the previous allocator's.
   c10::DeleterFnPtr raw_deleter() const override { return &LargeBlockCache::release; }
 
-  void empty_idle() const {
+  size_t empty_idle() const {
     std::lock_guard<std::mutex> lock(mutex_);
+    const size_t bytes = stats_.cached_bytes;
     empty();
+    return bytes;
   }
 
   LargeBlockCacheStats stats() const {
@@ -296,10 +298,11 @@ bool large_block_cache_stats(LargeBlockCacheStats* out) {
 #endif
 }
 
-void empty_large_block_cache() {
+size_t empty_large_block_cache() {
 #if defined(__linux__)
-  if (LargeBlockCache::instance != nullptr) LargeBlockCache::instance->empty_idle();
+  if (LargeBlockCache::instance != nullptr) return LargeBlockCache::instance->empty_idle();
 #endif
+  return 0;
 }
 
 }  // namespace crucible

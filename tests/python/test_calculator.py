@@ -169,6 +169,21 @@ class Calculator(unittest.TestCase):
         if not thp_always:
             self.assertGreater(faults["1"], 8000)
 
+    def test_empty_cache_gives_the_kept_blocks_back(self):
+        # After load_model, a freed 64 MiB tensor stays resident (the cache);
+        # empty_cache() returns its 64 MiB to the kernel and says so.
+        probe = ("import sys,torch;sys.path.insert(0,sys.argv[1]);import crucible;"
+                 "rss=lambda:int([l for l in open('/proc/self/status') if l.startswith('VmRSS:')][0].split()[1]);"
+                 "crucible.load_model(sys.argv[2]);crucible.empty_cache();"
+                 "a=torch.empty(16<<20);a.fill_(1.0);del a;r0=rss();n=crucible.empty_cache();"
+                 "print(n, r0-rss(), crucible.empty_cache())")
+        out = subprocess.run([sys.executable, "-c", probe, PYDIR, SCHNET], check=True, capture_output=True, text=True,
+                             env=dict(os.environ, CRUCIBLE_DEFAULT_MALLOC="0"))
+        returned, rss_drop_kb, again = (int(v) for v in out.stdout.split()[-3:])
+        self.assertEqual(returned, 64 << 20)
+        self.assertGreater(rss_drop_kb, 60 * 1024)
+        self.assertEqual(again, 0)
+
     def test_nve_conserves_energy(self):
         atoms = tial_cell((2, 2, 2))
         self.assertGreaterEqual(len(atoms), 16)

@@ -90,8 +90,8 @@ bool large_block_cache_stats(LargeBlockCacheStats* out);
 
 /// Unmaps every idle block of the large block cache (its memory goes back
 /// to the kernel; the next large requests page-fault again), like PyTorch's
-/// torch.cuda.empty_cache. A no-op when the cache is not installed. Never
-/// throws.
-void empty_large_block_cache();
+/// torch.cuda.empty_cache, and returns the bytes unmapped (0 when the
+/// cache is not installed). Python: crucible.empty_cache(). Never throws.
+size_t empty_large_block_cache();
 
 }  // namespace crucible
