@@ -49,11 +49,13 @@ const char* active_malloc();
 /// into it with mremap (their pages change address: no copy, no page
 /// fault) until it is full (the CPU counterpart of PyTorch's expandable
 /// segments for CUDA, which remap physical pages instead of caching whole
-/// blocks); only the bytes the idle blocks lack are new. So the cache never maps memory while it holds idle blocks, and the
-/// memory it holds peaks where the tensors alive at once peak (the earlier
-/// best-fit-only cache held 20.2 GiB against glibc's 12.7 for a
-/// 131072-atom MACE KIM run). Blocks are tracked as pieces that each lie in
-/// one kernel mapping, since kernels before 6.17 move only such ranges.
+/// blocks); only the bytes the idle blocks lack are new. So the cache
+/// never maps memory while it holds idle blocks, and the memory it holds
+/// peaks where the tensors alive at once peak: a 131072-atom MACE KIM run
+/// (float64) peaked at 13.2 GiB, against 12.7 with glibc alone and 20.2
+/// with the earlier cache, which reused only whole idle blocks of up to
+/// 1.5× the request. Blocks are tracked as pieces that each lie in one
+/// kernel mapping, since kernels before 6.17 move only such ranges.
 /// Cached memory stays resident between calls, as with PyTorch's CUDA
 /// caching allocator; when a new mapping fails, the idle blocks are
 /// unmapped and the mapping retried once.
