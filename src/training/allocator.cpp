@@ -1,18 +1,13 @@
-// tune_allocator_for_training (issue 7), active_malloc, available_memory_bytes.
+// tune_allocator_for_training (issue 7).
 
 #include "crucible/training/allocator.h"
 
 #include <dlfcn.h>
 
-#include <unistd.h>
-
 #include <climits>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <mutex>
-#include <string>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -41,17 +36,6 @@ const char* active_malloc() {
   void* m = dlsym(RTLD_DEFAULT, "malloc");
   void* tc = dlsym(RTLD_DEFAULT, "tc_malloc");
   return m != nullptr && m == tc ? "tcmalloc" : "system";
-}
-
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : INT64_MAX;
 }
 
 }  // namespace crucible

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -27,17 +28,32 @@
 
 namespace crucible {
 
-#if defined(__linux__)
 namespace {
-
-constexpr size_t kMinCached = size_t{16} << 20;  // below: glibc's heap reuses blocks (M_MMAP_THRESHOLD 32 MiB)
-constexpr size_t kGranule = size_t{2} << 20;      // sizes and alignment: 2 MiB (<= 12.5% waste, huge pages)
 
 /// Physical memory in bytes; 0 where sysconf cannot tell.
 size_t physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
 }
+
+}  // namespace
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  const size_t physical = physical_memory_bytes();
+  return physical > 0 ? static_cast<int64_t>(physical) : INT64_MAX;
+}
+
+#if defined(__linux__)
+namespace {
+
+constexpr size_t kMinCached = size_t{16} << 20;  // below: glibc's heap reuses blocks (M_MMAP_THRESHOLD 32 MiB)
+constexpr size_t kGranule = size_t{2} << 20;      // sizes and alignment: 2 MiB (<= 12.5% waste, huge pages)
 
 /// A run of addresses that lies inside one mapping (VMA) of the kernel, so
 /// that one mremap can move it (kernels before 6.17 refuse to move a range
