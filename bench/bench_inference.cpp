@@ -13,6 +13,7 @@
 // Run: ./build/bench/bench_inference [--model schnet|mace|gemm] [--threads N]
 //      [--reps 4,8,16,32] [--path inference|training] [--ops K]
 //      [--order lattice|shuffled|morton] [--flops 0|1] [--op-shapes 0|1]
+//      [--thread-rounds K]
 // --order permutes the atoms before the neighbor list: same structure, same
 // edges, other indices. shuffled: at random (seed 0), so a receiver's
 // neighbors no longer have nearby indices; morton: along a Z-order curve of
@@ -22,6 +23,13 @@
 // --flops 0 skips the profiled call that counts a training call's FLOPs
 // (for perf record: then every call but the first is a timed one).
 // --op-shapes 1 lists --ops per operator and input shapes.
+// --thread-rounds K (with --threads N > 1): after the usual figures, K more
+// rounds of one call with 1 thread and one with N (at::set_num_threads in
+// this process; 1 first in even rounds, N first in odd ones), printed as a
+// "threads_side_by_side" line: the
+// median of the K per-round speedups and their range. On a VM whose speed
+// drifts between runs, one process per thread count (the line above, run
+// twice) compared two separate moments; alternating calls compare the same.
 // faults_per_call and kernel_share: minor page faults and the kernel's share
 // of a timed call; fresh_mb_per_call and moved_mb_per_call: the large block
 // cache's newly mapped MiB and idle MiB moved into new blocks per timed call.
@@ -165,7 +173,7 @@ int main(int argc, char** argv) {
   tune_allocator_for_training();
   std::string model_name = "schnet", path = "inference";
   std::string atom_order = "lattice";
-  int threads = 1, top_ops = 0, count_flops = 1, op_shapes = 0;
+  int threads = 1, top_ops = 0, count_flops = 1, op_shapes = 0, thread_rounds = 0;
   std::vector<int> reps = {4, 8, 16, 32};
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string key = argv[k], value = argv[k + 1];
@@ -176,6 +184,7 @@ int main(int argc, char** argv) {
     else if (key == "--ops") top_ops = std::atoi(value.c_str());
     else if (key == "--flops") count_flops = std::atoi(value.c_str());
     else if (key == "--op-shapes") op_shapes = std::atoi(value.c_str());
+    else if (key == "--thread-rounds") thread_rounds = std::atoi(value.c_str());
     else if (key == "--order") {
       if (value != "lattice" && value != "shuffled" && value != "morton") {
         std::fprintf(stderr, "--order: expected lattice, shuffled or morton, got '%s'\n", value.c_str());
@@ -284,6 +293,37 @@ int main(int argc, char** argv) {
                 static_cast<long long>(batch.num_edges()), n / best, 1e6 * best / n, peak_kb / n, faults_per_call, kernel_share, fresh_mb, moved_mb, gflop,
                 gflop / best);
     std::fflush(stdout);
+    if (thread_rounds > 0 && threads > 1) {
+      auto timed = [&](int t) {
+        at::set_num_threads(t);
+        const auto t0 = std::chrono::steady_clock::now();
+        evaluate();
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      };
+      std::vector<double> one, many, ratio;
+      for (int r = 0; r < thread_rounds; ++r) {  // 1, N, N, 1, 1, N, ...: neither goes first every time
+        if (r % 2 == 0) {
+          one.push_back(timed(1));
+          many.push_back(timed(threads));
+        } else {
+          many.push_back(timed(threads));
+          one.push_back(timed(1));
+        }
+        ratio.push_back(one.back() / many.back());
+      }
+      at::set_num_threads(threads);
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        const size_t h = v.size() / 2;
+        return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+      };
+      std::printf("threads_side_by_side model=%s path=%s atoms=%lld rounds=%d threads=%d us_per_atom_1=%.2f "
+                  "us_per_atom_n=%.2f speedup_median=%.3f speedup_min=%.3f speedup_max=%.3f\n",
+                  model_name.c_str(), path.c_str(), static_cast<long long>(n), thread_rounds, threads,
+                  1e6 * median(one) / n, 1e6 * median(many) / n, median(ratio),
+                  *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
+      std::fflush(stdout);
+    }
     if (top_ops > 0) {
       namespace prof = torch::autograd::profiler;
       prof::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU,

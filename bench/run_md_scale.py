@@ -41,6 +41,7 @@ def main():
     ap.add_argument("--train-steps", type=int, default=60)
     ap.add_argument("--bf16-steps", type=int, default=300, help="SchNet training steps of the bf16 section")
     ap.add_argument("--bf16-seeds", default="0,1,2", help="SchNet initial-weight seeds of the bf16 section")
+    ap.add_argument("--thread-rounds", type=int, default=6, help="alternating 1/2-thread rounds of the threads section")
     ap.add_argument("--sections", default="inference,threads,training,bf16,train_threads,deploy",
                     help="comma-separated subset to run")
     a = ap.parse_args()
@@ -87,11 +88,17 @@ def main():
                       f"{float(f['peak_kb_per_atom']):>13.1f} {us / base:>19.2f}x", flush=True)
         print()
     if "threads" in sections:
-        print("threads, 16384-atom inference:")
+        rounds = a.thread_rounds
+        print(f"threads, 16384-atom inference: {rounds} rounds of one call with 1 thread and one with 2 in one "
+              "process, alternating (side by side; the VM's speed drifts between processes); median speedup "
+              "and the range over rounds:")
         for model in ("schnet", "mace"):
-            t1, t2 = one(model, 16), one(model, 16, threads=2)
-            print(f"  {model:<7} 1 thread {float(t1['atoms_per_s']):.0f} atoms/s, 2 threads "
-                  f"{float(t2['atoms_per_s']):.0f} atoms/s: {float(t2['atoms_per_s']) / float(t1['atoms_per_s']):.2f}x",
+            out = run([inf, "--model", model, "--reps", "16", "--threads", "2", "--flops", "0",
+                       "--thread-rounds", str(rounds)], env2)
+            f = fields(last_line(out, "threads_side_by_side"))
+            us1, us2 = float(f["us_per_atom_1"]), float(f["us_per_atom_n"])
+            print(f"  {model:<7} 1 thread {1e6 / us1:.0f} atoms/s, 2 threads {1e6 / us2:.0f} atoms/s: "
+                  f"{float(f['speedup_median']):.2f}x ({float(f['speedup_min']):.2f}-{float(f['speedup_max']):.2f})",
                   flush=True)
         print()
     if "training" in sections:
