@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <functional>
 #include <string>
@@ -244,6 +245,20 @@ TEST(FastPath, CfconvAndEdgeProductRefuseEveryOutOfRangeIndex) {
   EXPECT_NE(message_of([&] { cfconv_pairs(h, w, ok, ok, longs({0, 3, 1})); })
                 .find("cfconv edge_pair must index rows 0..2"),
             std::string::npos);
+  // Long index vectors run the vector body of the range check, not only its
+  // scalar tail: one bad index anywhere (first, middle, last) is found.
+  const at::Tensor many = at::arange(1001, at::kLong).remainder(4);
+  const at::Tensor many_w = at::randn({1001, 2}, at::kDouble);
+  EXPECT_EQ(message_of([&] { cfconv(h, many_w, many, many); }), "");
+  for (int64_t at_row : {int64_t{0}, int64_t{517}, int64_t{1000}}) {
+    for (int64_t bad : {int64_t{-1}, int64_t{4}, std::numeric_limits<int64_t>::min()}) {
+      at::Tensor b = many.clone();
+      b[at_row] = bad;
+      EXPECT_NE(message_of([&] { cfconv(h, many_w, b, many); }).find("cfconv receiver must index rows 0..3"),
+                std::string::npos)
+          << "bad index " << bad << " at " << at_row;
+    }
+  }
   // The first and last valid rows, and a strided view (every other element).
   EXPECT_EQ(message_of([&] { cfconv_pairs(h, w, ok, ok, pair); }), "");
   const at::Tensor strided = longs({3, 9, 0, 9, 2, 9}).slice(0, 0, 6, 2);

@@ -27,6 +27,18 @@ bool fused_ok(const at::Tensor& a, const at::Tensor& b) {
          (a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble || a.scalar_type() == at::kBFloat16);
 }
 
+// Whether every index is in [0, n): one unsigned compare per index (a
+// negative one wraps above n), OR-reduced, so the loop vectorises; built for
+// AVX-512, AVX2 and the baseline and picked at load time. The min/max pass it
+// replaces ran scalar (no 64-bit vector min/max below AVX-512): 2.8% of a
+// bf16-mixed SchNet training step in perf (Zen 5 VM, avx512_bf16).
+__attribute__((target_clones("avx512f", "avx2", "default"))) bool indices_below(const int64_t* p, int64_t count,
+                                                                                int64_t n) {
+  uint64_t bad = 0;
+  for (int64_t i = 0; i < count; ++i) bad |= static_cast<uint64_t>(p[i]) >= static_cast<uint64_t>(n);
+  return bad == 0;
+}
+
 // Every index in [0, n), in one pass over the contiguous CPU indices
 // (idx.min().item() and idx.max().item() were four dispatched ops and two
 // allocations per call, 144 calls per SchNet training step). Only the fused
@@ -37,14 +49,7 @@ void check_indices(const at::Tensor& idx, int64_t n, const char* what) {
   TORCH_CHECK(idx.is_cpu(), what, " must be on the features' device (cpu), got ", idx.device());
   if (idx.numel() == 0) return;
   const at::Tensor c = idx.contiguous();
-  const int64_t* p = c.data_ptr<int64_t>();
-  const int64_t count = c.numel();
-  int64_t lo = p[0], hi = p[0];
-  for (int64_t i = 1; i < count; ++i) {
-    lo = std::min(lo, p[i]);
-    hi = std::max(hi, p[i]);
-  }
-  TORCH_CHECK(lo >= 0 && hi < n, what, " must index rows 0..", n - 1);
+  TORCH_CHECK(indices_below(c.data_ptr<int64_t>(), c.numel(), n), what, " must index rows 0..", n - 1);
 }
 
 using bf16_bits::widen;  // bf16 as the upper half of a float32 (bf16_bits.h)
