@@ -91,8 +91,16 @@ TEST(ThreadChoice, TheFasterSettingWinsAndTiesKeepOneThread) {
   c = choose_thread_count(sleeping(3, 24), quick(2));
   EXPECT_EQ(c.threads, 1);
   EXPECT_EQ(at::get_num_threads(), 1);
-  // Equal passes: more threads must be min_speedup (1.1) times faster.
-  c = choose_thread_count(sleeping(5, 5), quick(2));
+  // 1.075x faster with 2 threads: above the default min_speedup (1.05), so 2.
+  c = choose_thread_count(sleeping(43, 40), quick(2));
+  EXPECT_EQ(c.threads, 2);
+  // The same passes against min_speedup 1.1: 1.
+  ThreadChoiceOptions strict = quick(2);
+  strict.min_speedup = 1.1;
+  c = choose_thread_count(sleeping(43, 40), strict);
+  EXPECT_EQ(c.threads, 1);
+  // Equal passes: ties keep one thread.
+  c = choose_thread_count(sleeping(20, 20), quick(2));
   EXPECT_EQ(c.threads, 1);
   EXPECT_NE(c.describe().find("1 (auto, the faster on the first batch: 1 thread "), std::string::npos)
       << c.describe();
