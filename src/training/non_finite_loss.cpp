@@ -19,15 +19,27 @@ std::string where(const TrainContext& ctx) {
                      ctx.epoch_step_count + 1);
 }
 
+// Whether no value has an exponent of all ones (NaN or Inf): an OR over
+// the values' bit patterns, which the compiler vectorises (an early-exit
+// std::isfinite loop it does not); built for AVX-512, AVX2 and the baseline.
+template <class Bits>
+inline bool exponents_finite(const Bits* v, int64_t n, Bits exponent) {
+  Bits all_ones_seen = 0;
+  for (int64_t i = 0; i < n; ++i) all_ones_seen |= static_cast<Bits>((v[i] & exponent) == exponent);
+  return all_ones_seen == 0;
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) bool floats_finite(const uint32_t* v, int64_t n) {
+  return exponents_finite<uint32_t>(v, n, 0x7f800000u);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) bool doubles_finite(const uint64_t* v, int64_t n) {
+  return exponents_finite<uint64_t>(v, n, 0x7ff0000000000000ull);
+}
+
 // True when every gradient entry of the optimizers' parameters is finite.
-// One sum per parameter: NaN and Inf propagate into it.
 bool gradients_finite(TrainContext& ctx) {
-  std::vector<at::Tensor> sums;
-  for (const at::Tensor& p : optimizer_parameters(ctx)) {
-    if (p.grad().defined()) sums.push_back(p.grad().detach().sum().to(at::kDouble));
-  }
-  if (sums.empty()) return true;
-  return at::stack(sums).isfinite().all().item<bool>();
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : optimizer_parameters(ctx)) grads.push_back(p.grad());
+  return all_finite(grads);
 }
 
 // The run's active, enabled gradient scaler (16-mixed), or null.
@@ -38,6 +50,22 @@ GradScaler* active_scaler(const TrainContext& ctx) {
 }
 
 }  // namespace
+
+bool all_finite(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> sums;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
+    if (t.is_cpu() && t.is_contiguous() && t.scalar_type() == at::kFloat) {
+      if (!floats_finite(static_cast<const uint32_t*>(t.data_ptr()), t.numel())) return false;
+    } else if (t.is_cpu() && t.is_contiguous() && t.scalar_type() == at::kDouble) {
+      if (!doubles_finite(static_cast<const uint64_t*>(t.data_ptr()), t.numel())) return false;
+    } else {
+      sums.push_back(t.detach().sum().to(at::kDouble));
+    }
+  }
+  if (sums.empty()) return true;
+  return at::stack(sums).isfinite().all().item<bool>();
+}
 
 NonFiniteLossGuard::NonFiniteLossGuard(NonFiniteLossGuardOptions options) : options_(options) {
   if (!(options_.min_loss_scale > 0.0) || !std::isfinite(options_.min_loss_scale)) {

@@ -105,6 +105,38 @@ TEST(NonFiniteLossGuard, NonFiniteGradientWithAFiniteLossAlsoStops) {
   for (double v : params(model)) EXPECT_TRUE(std::isfinite(v));
 }
 
+TEST(NonFiniteLossGuard, AllFiniteFindsOneBadValueAnywhereInEveryDtypeAndLayout) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  // Extreme finite values pass: the largest float, a denormal, -0.
+  at::Tensor f = at::rand({1001}, at::kFloat);
+  f[3] = std::numeric_limits<float>::max();
+  f[4] = std::numeric_limits<float>::denorm_min();
+  f[5] = -0.0;
+  const at::Tensor d = at::rand({7, 143}, at::kDouble);
+  EXPECT_TRUE(all_finite({f, d, at::Tensor(), at::empty({0})}));
+  // One NaN or ±Inf first, in the middle or last (the vector body and the tail).
+  for (int64_t at_index : {int64_t{0}, int64_t{517}, int64_t{1000}}) {
+    for (double bad : {nan, inf, -inf}) {
+      at::Tensor fb = f.clone(), db = d.clone();
+      fb[at_index] = bad;
+      db.view({-1})[at_index] = bad;
+      EXPECT_FALSE(all_finite({d, fb})) << "float32 " << bad << " at " << at_index;
+      EXPECT_FALSE(all_finite({db, f})) << "float64 " << bad << " at " << at_index;
+    }
+  }
+  // Other dtypes and non-contiguous views take the sum: the values they
+  // cover count, the ones outside the view do not.
+  at::Tensor h = at::ones({64}, at::kBFloat16);
+  EXPECT_TRUE(all_finite({h}));
+  h[10] = inf;
+  EXPECT_FALSE(all_finite({h}));
+  at::Tensor g = f.clone();
+  g[1] = inf;  // outside every other element from 0
+  EXPECT_TRUE(all_finite({g.slice(0, 0, 1001, 2)}));
+  g[2] = nan;  // inside
+  EXPECT_FALSE(all_finite({g.slice(0, 0, 1001, 2)}));
+}
+
 TEST(NonFiniteLossGuard, NotRegisteredWithSpikeSkippingWhichSkipsInstead) {
   ToyModel model;
   auto spike = std::make_shared<SpikeSkippingHook>();

@@ -4,10 +4,23 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
 
 #include "crucible/training/update_hook.h"
 
 namespace crucible {
+
+/// True when every entry of every defined tensor is finite (no NaN, ±Inf);
+/// undefined tensors are skipped. Contiguous CPU float32/float64 tensors are
+/// read in place, one pass over their bit patterns (an exponent of all ones
+/// is NaN or Inf, IEEE 754); other tensors take one sum each, cast to
+/// float64 (NaN and Inf propagate into a sum; a sum that overflows reads as
+/// non-finite). Used by NonFiniteLossGuard on the optimizers' gradients,
+/// where a sum, a cast and a stack per parameter were ~170 dispatched ops
+/// per SchNet step. Any shapes, dtypes and devices. Throws nothing of its own.
+bool all_finite(const std::vector<at::Tensor>& tensors);
 
 /// Options of NonFiniteLossGuard.
 struct NonFiniteLossGuardOptions {
