@@ -26,8 +26,8 @@
 // --thread-rounds K (with --threads N > 1): after the usual figures, K more
 // rounds of one call with 1 thread and one with N (at::set_num_threads in
 // this process; 1 first in even rounds, N first in odd ones), printed as a
-// "threads_side_by_side" line: the
-// median of the K per-round speedups and their range. On a VM whose speed
+// "threads_side_by_side" line: the median of the K per-round speedups and
+// their range. On a VM whose speed
 // drifts between runs, one process per thread count (the line above, run
 // twice) compared two separate moments; alternating calls compare the same.
 // faults_per_call and kernel_share: minor page faults and the kernel's share

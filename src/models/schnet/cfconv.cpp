@@ -27,13 +27,16 @@ bool fused_ok(const at::Tensor& a, const at::Tensor& b) {
          (a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble || a.scalar_type() == at::kBFloat16);
 }
 
+// This file's loops are built for AVX-512, AVX2 and the baseline and the
+// version is picked at load time.
+#define CRUCIBLE_CFCONV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
 // Whether every index is in [0, n): one unsigned compare per index (a
-// negative one wraps above n), OR-reduced, so the loop vectorises; built for
-// AVX-512, AVX2 and the baseline and picked at load time. The min/max pass it
-// replaces ran scalar (no 64-bit vector min/max below AVX-512): 2.8% of a
-// bf16-mixed SchNet training step in perf (Zen 5 VM, avx512_bf16).
-__attribute__((target_clones("avx512f", "avx2", "default"))) bool indices_below(const int64_t* p, int64_t count,
-                                                                                int64_t n) {
+// negative one wraps above n), OR-reduced, so the loop vectorises. The
+// min/max pass it replaces ran scalar (no 64-bit vector min/max below
+// AVX-512): 2.8% of a bf16-mixed SchNet training step in perf (AMD EPYC
+// Zen 5 VM, avx512_bf16).
+CRUCIBLE_CFCONV_CLONES bool indices_below(const int64_t* p, int64_t count, int64_t n) {
   uint64_t bad = 0;
   for (int64_t i = 0; i < count; ++i) bad |= static_cast<uint64_t>(p[i]) >= static_cast<uint64_t>(n);
   return bad == 0;
@@ -125,8 +128,8 @@ inline void edge_product_kernel(const T* __restrict a, const T* __restrict b, co
 }
 
 // One instantiation per dtype, each built for AVX-512, AVX2 and the baseline
-// and picked at load time (the baseline build ran these loops 4 floats wide).
-#define CRUCIBLE_CFCONV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// (CRUCIBLE_CFCONV_CLONES, above) and picked at load time (the baseline
+// build ran these loops 4 floats wide).
 #define CRUCIBLE_CFCONV_INSTANCES(T, A, NAME)                                                                    \
   CRUCIBLE_CFCONV_CLONES void cfconv_##NAME(const T* h, const T* w, const int64_t* recv, const int64_t* send,    \
                                             const int64_t* pair, A* out, int64_t E, int64_t K) {                 \
