@@ -319,6 +319,18 @@ TEST(FastPath, Bf16CfconvSumsInFloatAndRoundsOnce) {
   EXPECT_TRUE(at::equal(q, q32.to(at::kBFloat16)));
   const at::Tensor pe = edge_product(h, h, send, recv);
   EXPECT_TRUE(at::equal(pe, edge_product(h.to(at::kFloat), h.to(at::kFloat), send, recv).to(at::kBFloat16)));
+  // NaN stays NaN and ±inf stays ±inf through the one-pass rounding (rows
+  // of 40: the vector body and its tail); the rest rounds as LibTorch does.
+  at::Tensor hx = at::randn({N, 40}).to(at::kBFloat16);
+  hx.index_put_({1, 3}, std::numeric_limits<float>::quiet_NaN());
+  hx.index_put_({2, 17}, std::numeric_limits<float>::infinity());
+  hx.index_put_({4, 39}, -std::numeric_limits<float>::infinity());
+  const at::Tensor px = edge_product(hx, at::ones_like(hx), send, recv);
+  const at::Tensor px32 = edge_product(hx.to(at::kFloat), at::ones({N, 40}), send, recv).to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(px.isnan(), px32.isnan()));
+  EXPECT_GT(px.isnan().sum().item<int64_t>(), 0);
+  EXPECT_GT(px.isinf().sum().item<int64_t>(), 0);
+  EXPECT_TRUE(at::equal(at::nan_to_num(px, 0.0), at::nan_to_num(px32, 0.0)));
   // Its gradient stays bf16 and equals the float32 one to bf16 rounding.
   at::Tensor hg = h.clone().requires_grad_(true);
   const at::Tensor g = torch::autograd::grad({cfconv_pairs(hg, w, recv, send, pair).to(at::kFloat).sum()}, {hg})[0];

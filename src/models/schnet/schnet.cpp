@@ -7,6 +7,7 @@
 #include "crucible/models/layer_nodes.h"
 #include "crucible/models/cfconv.h"
 #include "crucible/models/filter_convolution.h"
+#include "crucible/models/row_scale.h"
 #include "crucible/models/gemm_rows.h"
 #include "crucible/models/shifted_softplus.h"
 
@@ -156,7 +157,9 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
       // The cutoff in the filter's dtype (bf16 under bf16 autocast), so the
       // filter reaches cfconv_pairs without a cast to float32 and back.
       const at::Tensor a2 = linear(filter2, ssp(linear(filter1, rbf_in), ref));
-      at::Tensor W = a2 * fc.unsqueeze(-1).to(ref ? layer : a2.scalar_type());
+      // The fast path scales the rows in one fused pass (row_scale.h), whose
+      // derivatives need no [P,K] products summed afterwards.
+      at::Tensor W = ref ? a2 * fc.unsqueeze(-1).to(layer) : scale_rows(a2, fc.to(a2.scalar_type()));
       if (ref) {
         const at::Tensor msg = h.index_select(0, j_t) * leading_rows(W, e_t);  // [E,K]
         v = at::zeros({h.size(0), msg.size(1)}, msg.options()).index_add(0, i_t, msg);
