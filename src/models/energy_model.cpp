@@ -37,36 +37,58 @@ namespace {
 thread_local bool t_inference_path = false;
 std::atomic<int64_t> g_edge_chunk_override{0};
 
-/// vec[e] = pos[j_e] - pos[i_e] [E,3] on the inference path: the backward
-/// scatters ∂E/∂vec into per-thread [N,3] sums over edge chunks
-/// (sum_over_chunks) instead of index_select's serial index_add_, which
-/// took 100-180 ms of a 2-thread 16384-atom SchNet call. First order only.
+/// vec[e] = pos[j_e] - pos[i_e] [E,3] (EdgeDifference) and its transpose
+/// out[n] = Σ_{e: j_e = n} g[e] - Σ_{e: i_e = n} g[e] [N,3]
+/// (EdgeDifferenceSum): each is the other's derivative, so both orders of
+/// force training go through these two loops. They replace
+/// index_select · sub, whose backward is LibTorch's serial index_add_ of
+/// [E,3] rows (100-180 ms of a 2-thread 16384-atom SchNet call; 3.5% of a
+/// SchNet training step, 256 atoms, 1 thread). CPU, float32/float64, int64
+/// edge_index [2,E] (row 0 i, row 1 j), contiguous.
+class EdgeDifferenceSum;
+
 class EdgeDifference : public torch::autograd::Function<EdgeDifference> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& pos,
                             const at::Tensor& edge_index) {
     ctx->save_for_backward({edge_index});
     ctx->saved_data["num_atoms"] = pos.size(0);
-    return pos.index_select(0, edge_index.select(0, 1)) - pos.index_select(0, edge_index.select(0, 0));
+    const int64_t E = edge_index.size(1);
+    at::Tensor vec = at::empty({E, 3}, pos.options());
+    const int64_t* recv = edge_index.data_ptr<int64_t>();
+    const int64_t* send = recv + E;
+    AT_DISPATCH_FLOATING_TYPES(pos.scalar_type(), "edge_vectors", [&] {
+      const scalar_t* p = pos.data_ptr<scalar_t>();
+      scalar_t* v = vec.data_ptr<scalar_t>();
+      at::parallel_for(0, E, 8192, [&](int64_t b, int64_t end) {
+        for (int64_t e = b; e < end; ++e) {
+          for (int k = 0; k < 3; ++k) v[3 * e + k] = p[3 * send[e] + k] - p[3 * recv[e] + k];
+        }
+      });
+    });
+    return vec;
   }
-
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_out) {
-    if (at::GradMode::is_enabled()) {
-      throw std::runtime_error(
-          "edge_vectors inference path: no differentiable backward (create_graph); use ComputeOptions::training");
-    }
-    const at::Tensor edge_index = ctx->get_saved_variables()[0];
-    const int64_t n = ctx->saved_data["num_atoms"].toInt(), E = edge_index.size(1);
-    const at::Tensor g = grad_out[0].contiguous();
+                                                 torch::autograd::variable_list grad_out);
+};
+
+class EdgeDifferenceSum : public torch::autograd::Function<EdgeDifferenceSum> {
+ public:
+  /// Per-thread [N,3] sums over chunks of 16384 edges (sum_over_chunks), in
+  /// edge order within a chunk: the same bits for the same thread count.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& g_in,
+                            const at::Tensor& edge_index, int64_t n) {
+    ctx->save_for_backward({edge_index});
+    const at::Tensor g = g_in.contiguous();
+    const int64_t E = edge_index.size(1);
     const int64_t* recv = edge_index.data_ptr<int64_t>();
     const int64_t* send = recv + E;
     constexpr int64_t kChunk = 16384;
     const at::Tensor like = at::empty({n, 3}, g.options());
-    at::Tensor grad_pos;
+    at::Tensor out;
     AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "edge_vectors_backward", [&] {
       const scalar_t* gp = g.data_ptr<scalar_t>();
-      grad_pos = sum_over_chunks((E + kChunk - 1) / kChunk, {like}, [&](int64_t c, std::vector<at::Tensor>& acc) {
+      out = sum_over_chunks((E + kChunk - 1) / kChunk, {like}, [&](int64_t c, std::vector<at::Tensor>& acc) {
         scalar_t* a = acc[0].data_ptr<scalar_t>();
         for (int64_t e = c * kChunk, end = std::min(E, e + kChunk); e < end; ++e) {
           scalar_t* aj = a + 3 * send[e];
@@ -78,9 +100,21 @@ class EdgeDifference : public torch::autograd::Function<EdgeDifference> {
         }
       })[0];
     });
-    return {grad_pos, at::Tensor()};
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const at::Tensor edge_index = ctx->get_saved_variables()[0];
+    return {EdgeDifference::apply(grad_out[0].contiguous(), edge_index), at::Tensor(), at::Tensor()};
   }
 };
+
+torch::autograd::variable_list EdgeDifference::backward(torch::autograd::AutogradContext* ctx,
+                                                        torch::autograd::variable_list grad_out) {
+  const at::Tensor edge_index = ctx->get_saved_variables()[0];
+  const int64_t n = ctx->saved_data["num_atoms"].toInt();
+  return {EdgeDifferenceSum::apply(grad_out[0], edge_index, n), at::Tensor()};
+}
 
 /// energy [B] = Σ per structure of `energies` [N], with autocast off.
 at::Tensor structure_sums(const Batch& batch, const at::Tensor& energies) {
@@ -122,9 +156,9 @@ at::Tensor edge_vectors(const Batch& batch) {
   const at::Tensor& pos = batch.positions;
   const at::Tensor i = batch.edge_index.select(0, 0);
   const at::Tensor j = batch.edge_index.select(0, 1);
-  // The inference path's hand-written backward where it applies (CPU, float
-  // dtypes, int64 indices); otherwise autograd's index_select.
-  const bool own_backward = inference_path_enabled() && pos.device().is_cpu() &&
+  // The hand-written loops where they apply (CPU, float dtypes, int64
+  // indices); otherwise autograd's index_select.
+  const bool own_backward = pos.device().is_cpu() && batch.edge_index.device().is_cpu() &&
                             (pos.scalar_type() == at::kFloat || pos.scalar_type() == at::kDouble) &&
                             batch.edge_index.scalar_type() == at::kLong && pos.requires_grad();
   at::Tensor vec = own_backward ? EdgeDifference::apply(pos.contiguous(), batch.edge_index.contiguous())

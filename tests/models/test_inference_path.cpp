@@ -98,37 +98,47 @@ TEST(InferencePath, TheModelsUseItInsideTheGuardOnly) {
 }
 
 TEST(InferencePath, EdgeVectorsBackwardEqualsIndexSelectsOnTwoThreads) {
-  // Oracle: autograd through index_select outside the guard. 50000 random
-  // edges (repeated atoms, self-pairs) make several 16384-edge chunks, split
-  // between two threads; the cell term stays in autograd on both paths.
+  // Oracle: the edge vectors written with index_select and autograd. 50000
+  // random edges (repeated atoms, self-pairs) make several 16384-edge
+  // chunks, split between two threads; the cell term stays in autograd.
   at::manual_seed(3);
   const int64_t n = 300, E = 50000;
   Batch b;
   b.batch = at::zeros({n}, at::kLong);
   b.edge_index = at::randint(n, {2, E}, at::kLong);
   b.shifts = at::randint(-1, 2, {E, 3}, at::kLong).to(at::kDouble);
-  const at::Tensor g = at::randn({E, 3}, at::kDouble);
+  const at::Tensor w = at::randn({E, 3}, at::kDouble);
   const at::Tensor pos0 = at::randn({n, 3}, at::kDouble);
   const at::Tensor cell0 = at::randn({1, 3, 3}, at::kDouble);
-  auto grads = [&](bool guarded, bool create_graph) {
+  const at::Tensor i = b.edge_index.select(0, 0), j = b.edge_index.select(0, 1);
+  // {∂L/∂pos, ∂L/∂cell} of L = Σ w ⊙ sin(vec), then the gradient of the
+  // force-like Σ (∂L/∂pos)² w.r.t. pos and cell, as force training asks.
+  auto grads = [&](bool ours, bool guarded) {
     b.positions = pos0.clone().requires_grad_(true);
     b.cell = cell0.clone().requires_grad_(true);
     InferencePathGuard guard(guarded);
-    const at::Tensor vec = edge_vectors(b);
-    return torch::autograd::grad({vec}, {b.positions, b.cell}, {g}, false, create_graph);
+    const at::Tensor vec = ours ? edge_vectors(b)
+                                : b.positions.index_select(0, j) - b.positions.index_select(0, i) +
+                                      at::bmm(b.shifts.unsqueeze(1), b.cell.index_select(0, b.batch.index_select(0, i)))
+                                          .squeeze(1);
+    const at::Tensor L = (w * at::sin(vec)).sum();
+    auto g = torch::autograd::grad({L}, {b.positions, b.cell}, {}, true, true);
+    const auto h = torch::autograd::grad({g[0].pow(2).sum()}, {b.positions, b.cell});
+    return std::vector<at::Tensor>{g[0].detach(), g[1].detach(), h[0], h[1]};
   };
   const auto expected = grads(false, false);
   ASSERT_GT(expected[0].abs().max().item<double>(), 1.0);
+  ASSERT_GT(expected[2].abs().max().item<double>(), 1.0);  // second order is not vacuous
   for (int threads : {1, 2}) {
     at::set_num_threads(threads);
-    const auto got = grads(true, false);
-    EXPECT_LT(max_abs_diff(got[0], expected[0]), 1e-11) << threads << " threads";
-    EXPECT_LT(max_abs_diff(got[1], expected[1]), 1e-11) << threads << " threads";
+    for (bool guarded : {false, true}) {
+      const auto got = grads(true, guarded);
+      for (size_t k = 0; k < got.size(); ++k) {
+        EXPECT_LT(max_abs_diff(got[k], expected[k]), 1e-10) << threads << " threads, term " << k;
+      }
+    }
   }
   at::set_num_threads(1);
-  // The hand-written backward ran inside the guard only: it refuses create_graph.
-  EXPECT_NO_THROW(grads(false, true));
-  EXPECT_THROW(grads(true, true), std::runtime_error);
 }
 
 TEST(InferencePath, FilterConvolutionMatchesCompositeOpsForEveryChunk) {

@@ -121,11 +121,12 @@ void set_inference_edge_chunk(int64_t chunk);
 /// Edge vectors r_ij = positions[j] - positions[i] + shifts · cell[batch[i]]:
 /// [E,3], Å, dtype of positions, differentiable w.r.t. positions and cell.
 /// Computed with autocast off (AutocastDisabledGuard), so a mixed-precision
-/// region never lowers the geometry below the positions' dtype. Inside an
-/// InferencePathGuard (inference_path_enabled()), on the CPU, the position
-/// difference has a hand-written first-order backward that scatters into
-/// per-thread [N,3] sums over edge chunks; its backward throws
-/// std::runtime_error if asked for create_graph (the training path's).
+/// region never lowers the geometry below the positions' dtype. On the CPU
+/// (float32/float64 positions that require grad, int64 edge_index) the
+/// position difference and its transpose, a scatter into per-thread [N,3]
+/// sums over edge chunks, are hand-written loops that are each other's
+/// derivative: exact to any order (force training's create_graph included).
+/// Elsewhere index_select and autograd.
 at::Tensor edge_vectors(const Batch& batch);
 
 /// What `compute_outputs` computes.
