@@ -127,6 +127,36 @@ inline void edge_product_kernel(const T* __restrict a, const T* __restrict b, co
   }
 }
 
+// out row q = Σ a[left[e]] ⊙ b[right[e]] over the edges e of pair q
+// (order[offsets[q] .. offsets[q+1]), increasing e), summed in A and
+// stored once as T: no [P,K] accumulator to zero beforehand or round
+// afterwards. The same additions in the same order as edge_product_kernel
+// into a zeroed row (0 + x is exact), so the same bits.
+template <class T, class A>
+inline void edge_product_grouped_kernel(const T* __restrict a, const T* __restrict b, const int64_t* left,
+                                        const int64_t* right, const int64_t* offsets, const int64_t* order,
+                                        T* __restrict out, A* __restrict tmp, int64_t P, int64_t K) {
+  for (int64_t q = 0; q < P; ++q) {
+    T* __restrict o = out + q * K;
+    const int64_t begin = offsets[q], end = offsets[q + 1];
+    if (begin == end) {
+      for (int64_t k = 0; k < K; ++k) o[k] = bf16_bits::narrow<T>(A(0));
+      continue;
+    }
+    const int64_t e0 = order[begin];
+    const T* __restrict a0 = a + left[e0] * K;
+    const T* __restrict b0 = b + right[e0] * K;
+    for (int64_t k = 0; k < K; ++k) tmp[k] = widen(a0[k]) * widen(b0[k]);
+    for (int64_t x = begin + 1; x < end; ++x) {
+      const int64_t e = order[x];
+      const T* __restrict al = a + left[e] * K;
+      const T* __restrict br = b + right[e] * K;
+      for (int64_t k = 0; k < K; ++k) tmp[k] += widen(al[k]) * widen(br[k]);
+    }
+    for (int64_t k = 0; k < K; ++k) o[k] = bf16_bits::narrow<T>(tmp[k]);
+  }
+}
+
 // One instantiation per dtype, each built for AVX-512, AVX2 and the baseline
 // (CRUCIBLE_CFCONV_CLONES, above) and picked at load time (the baseline
 // build ran these loops 4 floats wide).
@@ -139,6 +169,17 @@ inline void edge_product_kernel(const T* __restrict a, const T* __restrict b, co
                                                   const int64_t* right, const int64_t* pair, A* out, int64_t E,  \
                                                   int64_t K) {                                                   \
     edge_product_kernel<T, A>(a, b, left, right, pair, out, E, K);                                               \
+  }                                                                                                              \
+  CRUCIBLE_CFCONV_CLONES void edge_product_grouped_##NAME(const T* a, const T* b, const int64_t* left,            \
+                                                          const int64_t* right, const int64_t* offsets,            \
+                                                          const int64_t* order, T* out, A* tmp, int64_t P,         \
+                                                          int64_t K) {                                             \
+    edge_product_grouped_kernel<T, A>(a, b, left, right, offsets, order, out, tmp, P, K);                          \
+  }                                                                                                              \
+  inline void edge_product_grouped_any(const T* a, const T* b, const int64_t* left, const int64_t* right,         \
+                                       const int64_t* offsets, const int64_t* order, T* out, A* tmp, int64_t P,   \
+                                       int64_t K) {                                                              \
+    edge_product_grouped_##NAME(a, b, left, right, offsets, order, out, tmp, P, K);                              \
   }                                                                                                              \
   inline void cfconv_any(const T* h, const T* w, const int64_t* recv, const int64_t* send, const int64_t* pair,  \
                          A* out, int64_t E, int64_t K) {                                                         \
@@ -216,8 +257,22 @@ at::Tensor edge_product_forward(const at::Tensor& a, const at::Tensor& b, const 
   check_indices(r, b.size(0), "edge_product right");
   const at::Tensor pc = pair.defined() ? pair.contiguous() : at::Tensor();
   if (pc.defined()) check_indices(pc, rows, "edge_product edge_pair");
+  const int64_t K = ac.size(1);
+  if (pc.defined()) {
+    // Edges grouped by pair (stable), then one pass over the pairs.
+    const KeyGroups groups = counting_sort(pc.data_ptr<int64_t>(), pc.size(0), rows);
+    at::Tensor out = at::empty({rows, K}, ac.options());
+    AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, ac.scalar_type(), "edge_product", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      std::vector<acc_t> tmp(static_cast<size_t>(K));
+      edge_product_grouped_any(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(), l.data_ptr<int64_t>(),
+                               r.data_ptr<int64_t>(), groups.offsets.data(), groups.order.data(),
+                               out.data_ptr<scalar_t>(), tmp.data(), rows, K);
+    });
+    return out;
+  }
   const auto acc = ac.options().dtype(sum_dtype(ac.scalar_type()));
-  at::Tensor out = pc.defined() ? at::zeros({rows, ac.size(1)}, acc) : at::empty({l.size(0), ac.size(1)}, acc);
+  at::Tensor out = at::empty({l.size(0), K}, acc);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, ac.scalar_type(), "edge_product", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     edge_product_any(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(), l.data_ptr<int64_t>(), r.data_ptr<int64_t>(),
