@@ -105,27 +105,23 @@ inline void cfconv_kernel(const T* __restrict h, const T* __restrict w, const in
   }
 }
 
-// `pair` null: out row e = a[left e] ⊙ b[right e]; else summed into row pair[e]
-// (out zeroed by the caller).
+// out row e = a[left e] ⊙ b[right e] (per pair: edge_product_grouped_kernel).
 template <class T, class A>
 inline void edge_product_kernel(const T* __restrict a, const T* __restrict b, const int64_t* left,
-                                const int64_t* right, const int64_t* pair, A* __restrict out, int64_t E, int64_t K) {
+                                const int64_t* right, A* __restrict out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     if (e + kPrefetchEdges < E) {
-      if (pair) prefetch_row(out + pair[e + kPrefetchEdges] * K, K, 1);
       prefetch_row(a + left[e + kPrefetchEdges] * K, K, 0);
       prefetch_row(b + right[e + kPrefetchEdges] * K, K, 0);
     }
     const T* __restrict al = a + left[e] * K;
     const T* __restrict br = b + right[e] * K;
-    A* __restrict o = out + (pair ? pair[e] : e) * K;
-    if (pair) {
-      for (int64_t k = 0; k < K; ++k) o[k] += widen(al[k]) * widen(br[k]);
-    } else {
-      for (int64_t k = 0; k < K; ++k) o[k] = widen(al[k]) * widen(br[k]);
-    }
+    A* __restrict o = out + e * K;
+    for (int64_t k = 0; k < K; ++k) o[k] = widen(al[k]) * widen(br[k]);
   }
 }
+
+constexpr int64_t kPrefetchPairs = kPrefetchEdges / 2;  // a pair is two edges, or one
 
 // out row q = Σ a[left[e]] ⊙ b[right[e]] over the edges e of pair q
 // (order[offsets[q] .. offsets[q+1]), increasing e), summed in A and
@@ -142,6 +138,13 @@ inline void edge_product_grouped_kernel(const T* __restrict a, const T* __restri
     if (begin == end) {
       for (int64_t k = 0; k < K; ++k) o[k] = bf16_bits::narrow<T>(A(0));
       continue;
+    }
+    // The rows of the pair kPrefetchPairs ahead (~kPrefetchEdges edges).
+    if (q + kPrefetchPairs < P) {
+      for (int64_t x = offsets[q + kPrefetchPairs]; x < offsets[q + kPrefetchPairs + 1]; ++x) {
+        prefetch_row(a + left[order[x]] * K, K, 0);
+        prefetch_row(b + right[order[x]] * K, K, 0);
+      }
     }
     const int64_t e0 = order[begin];
     const T* __restrict a0 = a + left[e0] * K;
@@ -166,9 +169,8 @@ inline void edge_product_grouped_kernel(const T* __restrict a, const T* __restri
     cfconv_kernel<T, A>(h, w, recv, send, pair, out, E, K);                                                      \
   }                                                                                                              \
   CRUCIBLE_CFCONV_CLONES void edge_product_##NAME(const T* a, const T* b, const int64_t* left,                    \
-                                                  const int64_t* right, const int64_t* pair, A* out, int64_t E,  \
-                                                  int64_t K) {                                                   \
-    edge_product_kernel<T, A>(a, b, left, right, pair, out, E, K);                                               \
+                                                  const int64_t* right, A* out, int64_t E, int64_t K) {          \
+    edge_product_kernel<T, A>(a, b, left, right, out, E, K);                                                     \
   }                                                                                                              \
   CRUCIBLE_CFCONV_CLONES void edge_product_grouped_##NAME(const T* a, const T* b, const int64_t* left,            \
                                                           const int64_t* right, const int64_t* offsets,            \
@@ -176,18 +178,18 @@ inline void edge_product_grouped_kernel(const T* __restrict a, const T* __restri
                                                           int64_t K) {                                             \
     edge_product_grouped_kernel<T, A>(a, b, left, right, offsets, order, out, tmp, P, K);                          \
   }                                                                                                              \
+  inline void cfconv_any(const T* h, const T* w, const int64_t* recv, const int64_t* send, const int64_t* pair,  \
+                         A* out, int64_t E, int64_t K) {                                                         \
+    cfconv_##NAME(h, w, recv, send, pair, out, E, K);                                                            \
+  }                                                                                                              \
   inline void edge_product_grouped_any(const T* a, const T* b, const int64_t* left, const int64_t* right,         \
                                        const int64_t* offsets, const int64_t* order, T* out, A* tmp, int64_t P,   \
                                        int64_t K) {                                                              \
     edge_product_grouped_##NAME(a, b, left, right, offsets, order, out, tmp, P, K);                              \
   }                                                                                                              \
-  inline void cfconv_any(const T* h, const T* w, const int64_t* recv, const int64_t* send, const int64_t* pair,  \
-                         A* out, int64_t E, int64_t K) {                                                         \
-    cfconv_##NAME(h, w, recv, send, pair, out, E, K);                                                            \
-  }                                                                                                              \
-  inline void edge_product_any(const T* a, const T* b, const int64_t* left, const int64_t* right,                \
-                               const int64_t* pair, A* out, int64_t E, int64_t K) {                              \
-    edge_product_##NAME(a, b, left, right, pair, out, E, K);                                                     \
+  inline void edge_product_any(const T* a, const T* b, const int64_t* left, const int64_t* right, A* out,         \
+                               int64_t E, int64_t K) {                                                           \
+    edge_product_##NAME(a, b, left, right, out, E, K);                                                           \
   }
 CRUCIBLE_CFCONV_INSTANCES(float, float, f)
 CRUCIBLE_CFCONV_INSTANCES(double, double, d)
@@ -202,9 +204,10 @@ CRUCIBLE_CFCONV_CLONES void narrow_to_bf16(const float* __restrict in, c10::BFlo
 }
 
 // The float32 sums of bfloat16 inputs rounded to bfloat16 (to nearest, ties
-// to even, as LibTorch's cast) in one vectorised pass: LibTorch 1.13's
-// float → bfloat16 copy took 1.6% of a bf16-mixed SchNet training step in
-// perf (AMD EPYC Zen 5 VM). Other dtypes: `sums` itself.
+// to even, as LibTorch's cast) in one vectorised pass. It costs about what
+// LibTorch 1.13's float → bfloat16 copy did (73 against 79 perf samples of
+// a bf16-mixed SchNet run: the pass is bound by memory); the per-pair sums
+// (edge_product_grouped_kernel) avoid it. Other dtypes: sums.to(t).
 at::Tensor from_sums(const at::Tensor& sums, at::ScalarType t) {
   if (t != at::kBFloat16 || sums.scalar_type() != at::kFloat) return sums.to(t);
   at::Tensor out = at::empty(sums.sizes(), sums.options().dtype(at::kBFloat16));
@@ -276,7 +279,7 @@ at::Tensor edge_product_forward(const at::Tensor& a, const at::Tensor& b, const 
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, ac.scalar_type(), "edge_product", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     edge_product_any(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(), l.data_ptr<int64_t>(), r.data_ptr<int64_t>(),
-                     pc.defined() ? pc.data_ptr<int64_t>() : nullptr, out.data_ptr<acc_t>(), l.size(0), ac.size(1));
+                     out.data_ptr<acc_t>(), l.size(0), K);
   });
   return from_sums(out, ac.scalar_type());
 }
