@@ -319,8 +319,8 @@ TEST(FastPath, Bf16CfconvSumsInFloatAndRoundsOnce) {
   EXPECT_TRUE(at::equal(q, q32.to(at::kBFloat16)));
   const at::Tensor pe = edge_product(h, h, send, recv);
   EXPECT_TRUE(at::equal(pe, edge_product(h.to(at::kFloat), h.to(at::kFloat), send, recv).to(at::kBFloat16)));
-  // NaN stays NaN and ±inf stays ±inf through the one-pass rounding (rows
-  // of 40: the vector body and its tail); the rest rounds as LibTorch does.
+  // NaN stays NaN and ±inf stays ±inf through the rounding of the sums (rows
+  // of 40); the rest rounds as LibTorch does.
   at::Tensor hx = at::randn({N, 40}).to(at::kBFloat16);
   hx.index_put_({1, 3}, std::numeric_limits<float>::quiet_NaN());
   hx.index_put_({2, 17}, std::numeric_limits<float>::infinity());

@@ -199,24 +199,6 @@ CRUCIBLE_CFCONV_INSTANCES(c10::BFloat16, float, bf)
 // The sum's dtype: float for bfloat16 inputs (rounded once at the end), else the input's.
 at::ScalarType sum_dtype(at::ScalarType t) { return t == at::kBFloat16 ? at::kFloat : t; }
 
-CRUCIBLE_CFCONV_CLONES void narrow_to_bf16(const float* __restrict in, c10::BFloat16* __restrict out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits::narrow<c10::BFloat16>(in[i]);
-}
-
-// The float32 sums of bfloat16 inputs rounded to bfloat16 (to nearest, ties
-// to even, as LibTorch's cast) in one vectorised pass. It costs about what
-// LibTorch 1.13's float → bfloat16 copy did (73 against 79 perf samples of
-// a bf16-mixed SchNet run: the pass is bound by memory); the per-pair sums
-// (edge_product_grouped_kernel) avoid it. Other dtypes: sums.to(t).
-at::Tensor from_sums(const at::Tensor& sums, at::ScalarType t) {
-  if (t != at::kBFloat16 || sums.scalar_type() != at::kFloat) return sums.to(t);
-  at::Tensor out = at::empty(sums.sizes(), sums.options().dtype(at::kBFloat16));
-  const float* in = sums.data_ptr<float>();
-  c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
-  at::parallel_for(0, sums.numel(), 1 << 15, [&](int64_t b, int64_t e) { narrow_to_bf16(in + b, o + b, e - b); });
-  return out;
-}
-
 // W has one row per edge (pair undefined) or per pair (W [P,K], pair [E]).
 // out_rows: rows of the result (receivers index them); h's rows are the senders'.
 at::Tensor cfconv_forward(const at::Tensor& h, const at::Tensor& W, const at::Tensor& recv,
@@ -241,7 +223,7 @@ at::Tensor cfconv_forward(const at::Tensor& h, const at::Tensor& W, const at::Te
     cfconv_any(hc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), r.data_ptr<int64_t>(), s.data_ptr<int64_t>(),
                pc.defined() ? pc.data_ptr<int64_t>() : nullptr, out.data_ptr<acc_t>(), E, wc.size(1));
   });
-  return from_sums(out, hc.scalar_type());
+  return out.to(hc.scalar_type());
 }
 
 // rows: E (pair undefined) or the number of pairs P.
@@ -281,7 +263,7 @@ at::Tensor edge_product_forward(const at::Tensor& a, const at::Tensor& b, const 
     edge_product_any(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(), l.data_ptr<int64_t>(), r.data_ptr<int64_t>(),
                      out.data_ptr<acc_t>(), l.size(0), K);
   });
-  return from_sums(out, ac.scalar_type());
+  return out.to(ac.scalar_type());
 }
 
 struct EdgeProduct;
