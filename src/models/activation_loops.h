@@ -9,6 +9,7 @@
 // propagate as in IEEE arithmetic (no -ffinite-math-only).
 
 #include "bf16_bits.h"
+#include "../simd_clones.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -29,10 +30,6 @@ __attribute__((simd("notinbranch"))) float logf(float) noexcept;
 __attribute__((simd("notinbranch"))) double exp(double) noexcept;
 __attribute__((simd("notinbranch"))) double log(double) noexcept;
 }
-// One build of a loop per ISA, picked at load time.
-#define CRUCIBLE_ACTIVATION_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CRUCIBLE_ACTIVATION_CLONES
 #endif
 
 namespace crucible::activation_loops {

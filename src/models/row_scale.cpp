@@ -3,6 +3,7 @@
 
 #include "crucible/models/row_scale.h"
 #include "bf16_bits.h"
+#include "../simd_clones.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -19,9 +20,6 @@ using bf16_bits::widen;
 using torch::autograd::AutogradContext;
 using torch::autograd::Function;
 using torch::autograd::variable_list;
-
-// Built for AVX-512, AVX2 and the baseline; the version is picked at load time.
-#define CRUCIBLE_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 // Lanes of row_dot's partial sums: the order of the additions is fixed by
 // the code, not by the vectoriser or the data's alignment.
@@ -58,11 +56,11 @@ inline void row_dot_kernel(const T* __restrict a, const T* __restrict b, T* __re
 }
 
 #define CRUCIBLE_ROW_INSTANCES(T, NAME)                                                                    \
-  CRUCIBLE_ROW_CLONES void scale_rows_##NAME(const T* a, const T* s, T* out, int64_t r0, int64_t r1,       \
+  CRUCIBLE_SIMD_CLONES void scale_rows_##NAME(const T* a, const T* s, T* out, int64_t r0, int64_t r1,     \
                                              int64_t K) {                                                 \
     scale_rows_kernel<T>(a, s, out, r0, r1, K);                                                           \
   }                                                                                                       \
-  CRUCIBLE_ROW_CLONES void row_dot_##NAME(const T* a, const T* b, T* out, int64_t r0, int64_t r1,          \
+  CRUCIBLE_SIMD_CLONES void row_dot_##NAME(const T* a, const T* b, T* out, int64_t r0, int64_t r1,        \
                                           int64_t K) {                                                    \
     row_dot_kernel<T>(a, b, out, r0, r1, K);                                                              \
   }                                                                                                       \

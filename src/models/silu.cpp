@@ -86,16 +86,16 @@ struct SecondLoop {
 };
 
 #define CRUCIBLE_SILU_INSTANCES(T, NAME)                                                                        \
-  CRUCIBLE_ACTIVATION_CLONES void silu_value_##NAME(const T* x, T* y, int64_t n) {                              \
+  CRUCIBLE_SIMD_CLONES void silu_value_##NAME(const T* x, T* y, int64_t n) {                                    \
     in_float_blocks<T, 1, 1>({x}, {y}, n, ValueLoop<1>());                                                      \
   }                                                                                                             \
-  CRUCIBLE_ACTIVATION_CLONES void silu_both_##NAME(const T* x, T* y, T* d, int64_t n) {                         \
+  CRUCIBLE_SIMD_CLONES void silu_both_##NAME(const T* x, T* y, T* d, int64_t n) {                               \
     in_float_blocks<T, 1, 2>({x}, {y, d}, n, ValueLoop<2>());                                                   \
   }                                                                                                             \
-  CRUCIBLE_ACTIVATION_CLONES void silu_first_##NAME(const T* g, const T* x, T* out, int64_t n) {                \
+  CRUCIBLE_SIMD_CLONES void silu_first_##NAME(const T* g, const T* x, T* out, int64_t n) {                      \
     in_float_blocks<T, 2, 1>({g, x}, {out}, n, FirstLoop());                                                    \
   }                                                                                                             \
-  CRUCIBLE_ACTIVATION_CLONES void silu_second_##NAME(const T* gg, const T* g, const T* x, T* d_g, T* d_x,      \
+  CRUCIBLE_SIMD_CLONES void silu_second_##NAME(const T* gg, const T* g, const T* x, T* d_g, T* d_x,             \
                                                      int64_t n) {                                               \
     in_float_blocks<T, 3, 2>({gg, g, x}, {d_g, d_x}, n, SecondLoop());                                          \
   }                                                                                                             \

@@ -10,6 +10,7 @@
 #include "crucible/common/error.h"
 #include "crucible/precision/precision.h"
 #include "crucible/training/strategy.h"
+#include "../simd_clones.h"
 
 namespace crucible {
 namespace {
@@ -28,10 +29,10 @@ inline bool exponents_finite(const Bits* v, int64_t n, Bits exponent) {
   for (int64_t i = 0; i < n; ++i) all_ones_seen |= static_cast<Bits>((v[i] & exponent) == exponent);
   return all_ones_seen == 0;
 }
-__attribute__((target_clones("avx512f", "avx2", "default"))) bool floats_finite(const uint32_t* v, int64_t n) {
+CRUCIBLE_SIMD_CLONES bool floats_finite(const uint32_t* v, int64_t n) {
   return exponents_finite<uint32_t>(v, n, 0x7f800000u);
 }
-__attribute__((target_clones("avx512f", "avx2", "default"))) bool doubles_finite(const uint64_t* v, int64_t n) {
+CRUCIBLE_SIMD_CLONES bool doubles_finite(const uint64_t* v, int64_t n) {
   return exponents_finite<uint64_t>(v, n, 0x7ff0000000000000ull);
 }
 

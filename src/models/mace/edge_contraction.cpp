@@ -2,6 +2,7 @@
 // include/crucible/models/mace/edge_contraction.h.
 
 #include "crucible/models/mace/edge_contraction.h"
+#include "../../simd_clones.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -34,10 +35,7 @@ struct Sizes {
 
 inline int64_t weight_row(const Sizes& z, int64_t e) { return z.w_row ? z.w_row[e] : e; }
 
-// The loops vectorise over channels c; target_clones builds AVX-512, AVX2
-// and baseline versions and picks one at load time (machines of one kind
-// differ: Zen 3 has no AVX-512).
-#define CRUCIBLE_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// The loops vectorise over channels c, built per ISA (simd_clones.h).
 
 // acc[c] = Σ_i t[i] x[i, c]: one table row against the sender's [D, C]
 // features (the message and weights slots).

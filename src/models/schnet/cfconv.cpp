@@ -3,6 +3,7 @@
 #include "crucible/models/cfconv.h"
 #include "crucible/neighbors/counting_sort.h"
 #include "../bf16_bits.h"
+#include "../../simd_clones.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -27,16 +28,12 @@ bool fused_ok(const at::Tensor& a, const at::Tensor& b) {
          (a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble || a.scalar_type() == at::kBFloat16);
 }
 
-// This file's loops are built for AVX-512, AVX2 and the baseline and the
-// version is picked at load time.
-#define CRUCIBLE_CFCONV_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-
 // Whether every index is in [0, n): one unsigned compare per index (a
 // negative one wraps above n), OR-reduced, so the loop vectorises. The
 // min/max pass it replaces ran scalar (no 64-bit vector min/max below
 // AVX-512): 2.8% of a bf16-mixed SchNet training step in perf (AMD EPYC
 // Zen 5 VM, avx512_bf16).
-CRUCIBLE_CFCONV_CLONES bool indices_below(const int64_t* p, int64_t count, int64_t n) {
+CRUCIBLE_SIMD_CLONES bool indices_below(const int64_t* p, int64_t count, int64_t n) {
   uint64_t bad = 0;
   for (int64_t i = 0; i < count; ++i) bad |= static_cast<uint64_t>(p[i]) >= static_cast<uint64_t>(n);
   return bad == 0;
@@ -161,18 +158,18 @@ inline void edge_product_grouped_kernel(const T* __restrict a, const T* __restri
 }
 
 // One instantiation per dtype, each built for AVX-512, AVX2 and the baseline
-// (CRUCIBLE_CFCONV_CLONES, above) and picked at load time (the baseline
+// (simd_clones.h) and picked at load time (the baseline
 // build ran these loops 4 floats wide).
 #define CRUCIBLE_CFCONV_INSTANCES(T, A, NAME)                                                                    \
-  CRUCIBLE_CFCONV_CLONES void cfconv_##NAME(const T* h, const T* w, const int64_t* recv, const int64_t* send,    \
+  CRUCIBLE_SIMD_CLONES void cfconv_##NAME(const T* h, const T* w, const int64_t* recv, const int64_t* send,      \
                                             const int64_t* pair, A* out, int64_t E, int64_t K) {                 \
     cfconv_kernel<T, A>(h, w, recv, send, pair, out, E, K);                                                      \
   }                                                                                                              \
-  CRUCIBLE_CFCONV_CLONES void edge_product_##NAME(const T* a, const T* b, const int64_t* left,                    \
+  CRUCIBLE_SIMD_CLONES void edge_product_##NAME(const T* a, const T* b, const int64_t* left,                     \
                                                   const int64_t* right, A* out, int64_t E, int64_t K) {          \
     edge_product_kernel<T, A>(a, b, left, right, out, E, K);                                                     \
   }                                                                                                              \
-  CRUCIBLE_CFCONV_CLONES void edge_product_grouped_##NAME(const T* a, const T* b, const int64_t* left,            \
+  CRUCIBLE_SIMD_CLONES void edge_product_grouped_##NAME(const T* a, const T* b, const int64_t* left,               \
                                                           const int64_t* right, const int64_t* offsets,            \
                                                           const int64_t* order, T* out, A* tmp, int64_t P,         \
                                                           int64_t K) {                                             \

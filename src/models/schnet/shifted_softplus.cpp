@@ -59,10 +59,10 @@ inline void ssp_second_loop(const T* gg, const T* g, const T* s, T* d_g, T* d_x,
 }
 
 #define CRUCIBLE_SSP_INSTANCES(T, A, NAME)                                                                     \
-  CRUCIBLE_ACTIVATION_CLONES void ssp_sigmoid_##NAME(const T* x, T* y, T* s, int64_t n) {                      \
+  CRUCIBLE_SIMD_CLONES void ssp_sigmoid_##NAME(const T* x, T* y, T* s, int64_t n) {                            \
     activation_loops::in_float_blocks<T, 1, 2>({x}, {y, s}, n, SspSigmoidLoop());                              \
   }                                                                                                            \
-  CRUCIBLE_ACTIVATION_CLONES void ssp_second_##NAME(const T* gg, const T* g, const T* s, T* d_g, T* d_x,       \
+  CRUCIBLE_SIMD_CLONES void ssp_second_##NAME(const T* gg, const T* g, const T* s, T* d_g, T* d_x,             \
                                                     int64_t n) {                                               \
     ssp_second_loop<T, A>(gg, g, s, d_g, d_x, n);                                                              \
   }                                                                                                            \
