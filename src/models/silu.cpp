@@ -40,7 +40,7 @@ inline A derivative_of(A v, A s, A r) {
 template <int NO>
 struct ValueLoop {
   template <class In, class Out>
-  void operator()(const In& in, const Out& out, int64_t n) const {
+  CRUCIBLE_INLINE_IN_CLONES void operator()(const In& in, const Out& out, int64_t n) const {
     using A = activation_loops::element_of<In>;
 #pragma omp simd
     for (int64_t k = 0; k < n; ++k) {
@@ -56,7 +56,7 @@ struct ValueLoop {
 // out[0] = g silu'(x); inputs g, x.
 struct FirstLoop {
   template <class In, class Out>
-  void operator()(const In& in, const Out& out, int64_t n) const {
+  CRUCIBLE_INLINE_IN_CLONES void operator()(const In& in, const Out& out, int64_t n) const {
     using A = activation_loops::element_of<In>;
 #pragma omp simd
     for (int64_t k = 0; k < n; ++k) {
@@ -71,7 +71,7 @@ struct FirstLoop {
 // d_g = gg silu'(x), d_x = gg g silu''(x); inputs gg, g, x.
 struct SecondLoop {
   template <class In, class Out>
-  void operator()(const In& in, const Out& out, int64_t n) const {
+  CRUCIBLE_INLINE_IN_CLONES void operator()(const In& in, const Out& out, int64_t n) const {
     using A = activation_loops::element_of<In>;
 #pragma omp simd
     for (int64_t k = 0; k < n; ++k) {

@@ -33,14 +33,14 @@ struct Sizes {
   int64_t W = 0;  ///< rows of w: E, or the number of pairs
 };
 
-inline int64_t weight_row(const Sizes& z, int64_t e) { return z.w_row ? z.w_row[e] : e; }
+CRUCIBLE_INLINE_IN_CLONES int64_t weight_row(const Sizes& z, int64_t e) { return z.w_row ? z.w_row[e] : e; }
 
 // The loops vectorise over channels c, built per ISA (simd_clones.h).
 
 // acc[c] = Σ_i t[i] x[i, c]: one table row against the sender's [D, C]
 // features (the message and weights slots).
 template <class S, int64_t CC>
-inline void contract_components(const S* __restrict t, const S* __restrict x, int64_t D, int64_t channels,
+CRUCIBLE_INLINE_IN_CLONES void contract_components(const S* __restrict t, const S* __restrict x, int64_t D, int64_t channels,
                                 S* __restrict acc) {
   const int64_t C = CC > 0 ? CC : channels;
   const S t0 = t[0];
@@ -55,7 +55,7 @@ inline void contract_components(const S* __restrict t, const S* __restrict x, in
 }
 
 template <class S, int64_t CC>
-inline void message_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T, const S* __restrict x,
+CRUCIBLE_INLINE_IN_CLONES void message_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T, const S* __restrict x,
                          const int64_t* recv, const int64_t* send, const int64_t* path, S* __restrict out,
                          const Sizes& z, S* __restrict acc_buf) {
   // A compile-time channel count keeps the row accumulator in registers.
@@ -78,7 +78,7 @@ inline void message_loop(const S* __restrict g, const S* __restrict w, const S* 
 }
 
 template <class S, int64_t CC>
-inline void input_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T, const int64_t* recv,
+CRUCIBLE_INLINE_IN_CLONES void input_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T, const int64_t* recv,
                        const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, S* __restrict tmp_buf) {
   // A compile-time channel count keeps the row accumulator in registers.
   S tmp_local[CC > 0 ? CC : 1];
@@ -106,7 +106,7 @@ inline void input_loop(const S* __restrict g, const S* __restrict w, const S* __
 // out[row, p, c] += g[recv, r, c] Σ_i T[e, r, i] x[send, i, c] for edge e into
 // its weight row; with pairs, `begin`..`end` are pairs and each sums its edges.
 template <class S, int64_t CC>
-inline void weights_edge(const S* __restrict g, const S* __restrict T, const S* __restrict x, const int64_t* recv,
+CRUCIBLE_INLINE_IN_CLONES void weights_edge(const S* __restrict g, const S* __restrict T, const S* __restrict x, const int64_t* recv,
                          const int64_t* send, const int64_t* path, S* __restrict o, const Sizes& z, int64_t e,
                          S* __restrict acc_buf) {
   // A compile-time channel count keeps the row accumulator in registers.
@@ -126,7 +126,7 @@ inline void weights_edge(const S* __restrict g, const S* __restrict T, const S* 
 }
 
 template <class S, int64_t CC>
-inline void weights_loop(const S* __restrict g, const S* __restrict T, const S* __restrict x, const int64_t* recv,
+CRUCIBLE_INLINE_IN_CLONES void weights_loop(const S* __restrict g, const S* __restrict T, const S* __restrict x, const int64_t* recv,
                          const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, int64_t begin,
                          int64_t end, S* __restrict acc) {
   const int64_t PC = z.P * (CC > 0 ? CC : z.C);
@@ -147,7 +147,7 @@ inline void weights_loop(const S* __restrict g, const S* __restrict T, const S* 
 // scalar adds per call, half of table_f's time in perf (Zen 5, C = 32).
 constexpr int64_t kLanes = 16;
 template <class S, int64_t CC>
-inline S dot_tree(const S* __restrict a, const S* __restrict b, int64_t len) {
+CRUCIBLE_INLINE_IN_CLONES S dot_tree(const S* __restrict a, const S* __restrict b, int64_t len) {
   const int64_t n = CC > 0 ? CC : len;
   S part[kLanes] = {};
   int64_t c = 0;
@@ -166,7 +166,7 @@ inline S dot_tree(const S* __restrict a, const S* __restrict b, int64_t len) {
 }
 
 template <class S, int64_t CC>
-inline void table_loop(const S* __restrict g, const S* __restrict w, const S* __restrict x, const int64_t* recv,
+CRUCIBLE_INLINE_IN_CLONES void table_loop(const S* __restrict g, const S* __restrict w, const S* __restrict x, const int64_t* recv,
                        const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, int64_t begin,
                        int64_t end, S* __restrict tmp_buf) {
   // A compile-time channel count keeps the row accumulator in registers.

@@ -67,7 +67,7 @@ constexpr int64_t kPrefetchMaxRowBytes = (int64_t{1} << 20) / kPrefetchEdges;
 
 // Prefetches the cache lines of one row of K elements (rw: 1 to write).
 template <class T>
-inline void prefetch_row(const T* row, int64_t K, int rw) {
+CRUCIBLE_INLINE_IN_CLONES void prefetch_row(const T* row, int64_t K, int rw) {
   if (K * static_cast<int64_t>(sizeof(T)) > kPrefetchMaxRowBytes) return;
   const char* p = reinterpret_cast<const char*>(row);
   for (int64_t b = 0; b < K * static_cast<int64_t>(sizeof(T)); b += 64) {
@@ -88,7 +88,7 @@ inline void prefetch_row(const T* row, int64_t K, int rw) {
 // allocator had placed the tensors (ExactResume failed ~1 run in 40). The
 // file is also built without FMA contraction (CMakeLists.txt).
 template <class T, class A>
-inline void cfconv_kernel(const T* __restrict h, const T* __restrict w, const int64_t* recv, const int64_t* send,
+CRUCIBLE_INLINE_IN_CLONES void cfconv_kernel(const T* __restrict h, const T* __restrict w, const int64_t* recv, const int64_t* send,
                           const int64_t* pair, A* __restrict out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     if (e + kPrefetchEdges < E) {
@@ -104,7 +104,7 @@ inline void cfconv_kernel(const T* __restrict h, const T* __restrict w, const in
 
 // out row e = a[left e] ⊙ b[right e] (per pair: edge_product_grouped_kernel).
 template <class T, class A>
-inline void edge_product_kernel(const T* __restrict a, const T* __restrict b, const int64_t* left,
+CRUCIBLE_INLINE_IN_CLONES void edge_product_kernel(const T* __restrict a, const T* __restrict b, const int64_t* left,
                                 const int64_t* right, A* __restrict out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     if (e + kPrefetchEdges < E) {
@@ -126,7 +126,7 @@ constexpr int64_t kPrefetchPairs = kPrefetchEdges / 2;  // a pair is two edges, 
 // afterwards. The same additions in the same order as edge_product_kernel
 // into a zeroed row (0 + x is exact), so the same bits.
 template <class T, class A>
-inline void edge_product_grouped_kernel(const T* __restrict a, const T* __restrict b, const int64_t* left,
+CRUCIBLE_INLINE_IN_CLONES void edge_product_grouped_kernel(const T* __restrict a, const T* __restrict b, const int64_t* left,
                                         const int64_t* right, const int64_t* offsets, const int64_t* order,
                                         T* __restrict out, A* __restrict tmp, int64_t P, int64_t K) {
   for (int64_t q = 0; q < P; ++q) {

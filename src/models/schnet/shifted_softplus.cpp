@@ -33,7 +33,7 @@ const double kLn2 = std::log(2.0);
 // absolute error far below the value's own rounding. Inputs x; outputs y, s.
 struct SspSigmoidLoop {
   template <class In, class Out>
-  void operator()(const In& in, const Out& out, int64_t n) const {
+  CRUCIBLE_INLINE_IN_CLONES void operator()(const In& in, const Out& out, int64_t n) const {
     using A = activation_loops::element_of<In>;
     const A ln2 = static_cast<A>(kLn2);
 #pragma omp simd
