@@ -26,8 +26,8 @@ using torch::autograd::variable_list;
 constexpr int64_t kLanes = 16;
 
 template <class T>
-CRUCIBLE_INLINE_IN_CLONES void scale_rows_kernel(const T* __restrict a, const T* __restrict s, T* __restrict out, int64_t r0,
-                              int64_t r1, int64_t K) {
+CRUCIBLE_INLINE_IN_CLONES void scale_rows_kernel(const T* __restrict a, const T* __restrict s, T* __restrict out,
+                                                 int64_t r0, int64_t r1, int64_t K) {
   for (int64_t r = r0; r < r1; ++r) {
     const auto f = widen(s[r]);
     const T* __restrict ar = a + r * K;
@@ -37,8 +37,8 @@ CRUCIBLE_INLINE_IN_CLONES void scale_rows_kernel(const T* __restrict a, const T*
 }
 
 template <class T>
-CRUCIBLE_INLINE_IN_CLONES void row_dot_kernel(const T* __restrict a, const T* __restrict b, T* __restrict out, int64_t r0,
-                           int64_t r1, int64_t K) {
+CRUCIBLE_INLINE_IN_CLONES void row_dot_kernel(const T* __restrict a, const T* __restrict b, T* __restrict out,
+                                              int64_t r0, int64_t r1, int64_t K) {
   using A = decltype(widen(T()));
   for (int64_t r = r0; r < r1; ++r) {
     const T* __restrict ar = a + r * K;

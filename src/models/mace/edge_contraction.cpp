@@ -40,8 +40,8 @@ CRUCIBLE_INLINE_IN_CLONES int64_t weight_row(const Sizes& z, int64_t e) { return
 // acc[c] = Σ_i t[i] x[i, c]: one table row against the sender's [D, C]
 // features (the message and weights slots).
 template <class S, int64_t CC>
-CRUCIBLE_INLINE_IN_CLONES void contract_components(const S* __restrict t, const S* __restrict x, int64_t D, int64_t channels,
-                                S* __restrict acc) {
+CRUCIBLE_INLINE_IN_CLONES void contract_components(const S* __restrict t, const S* __restrict x, int64_t D,
+                                                   int64_t channels, S* __restrict acc) {
   const int64_t C = CC > 0 ? CC : channels;
   const S t0 = t[0];
 #pragma omp simd
@@ -55,9 +55,10 @@ CRUCIBLE_INLINE_IN_CLONES void contract_components(const S* __restrict t, const 
 }
 
 template <class S, int64_t CC>
-CRUCIBLE_INLINE_IN_CLONES void message_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T, const S* __restrict x,
-                         const int64_t* recv, const int64_t* send, const int64_t* path, S* __restrict out,
-                         const Sizes& z, S* __restrict acc_buf) {
+CRUCIBLE_INLINE_IN_CLONES void message_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T,
+                                            const S* __restrict x, const int64_t* recv, const int64_t* send,
+                                            const int64_t* path, S* __restrict out, const Sizes& z,
+                                            S* __restrict acc_buf) {
   // A compile-time channel count keeps the row accumulator in registers.
   S acc_local[CC > 0 ? CC : 1];
   S* __restrict acc = CC > 0 ? acc_local : acc_buf;
@@ -78,8 +79,9 @@ CRUCIBLE_INLINE_IN_CLONES void message_loop(const S* __restrict g, const S* __re
 }
 
 template <class S, int64_t CC>
-CRUCIBLE_INLINE_IN_CLONES void input_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T, const int64_t* recv,
-                       const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, S* __restrict tmp_buf) {
+CRUCIBLE_INLINE_IN_CLONES void input_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T,
+                                          const int64_t* recv, const int64_t* send, const int64_t* path,
+                                          S* __restrict out, const Sizes& z, S* __restrict tmp_buf) {
   // A compile-time channel count keeps the row accumulator in registers.
   S tmp_local[CC > 0 ? CC : 1];
   S* __restrict tmp = CC > 0 ? tmp_local : tmp_buf;
@@ -106,9 +108,9 @@ CRUCIBLE_INLINE_IN_CLONES void input_loop(const S* __restrict g, const S* __rest
 // out[row, p, c] += g[recv, r, c] Σ_i T[e, r, i] x[send, i, c] for edge e into
 // its weight row; with pairs, `begin`..`end` are pairs and each sums its edges.
 template <class S, int64_t CC>
-CRUCIBLE_INLINE_IN_CLONES void weights_edge(const S* __restrict g, const S* __restrict T, const S* __restrict x, const int64_t* recv,
-                         const int64_t* send, const int64_t* path, S* __restrict o, const Sizes& z, int64_t e,
-                         S* __restrict acc_buf) {
+CRUCIBLE_INLINE_IN_CLONES void weights_edge(const S* __restrict g, const S* __restrict T, const S* __restrict x,
+                                            const int64_t* recv, const int64_t* send, const int64_t* path,
+                                            S* __restrict o, const Sizes& z, int64_t e, S* __restrict acc_buf) {
   // A compile-time channel count keeps the row accumulator in registers.
   S acc_local[CC > 0 ? CC : 1];
   S* __restrict acc = CC > 0 ? acc_local : acc_buf;
@@ -126,9 +128,10 @@ CRUCIBLE_INLINE_IN_CLONES void weights_edge(const S* __restrict g, const S* __re
 }
 
 template <class S, int64_t CC>
-CRUCIBLE_INLINE_IN_CLONES void weights_loop(const S* __restrict g, const S* __restrict T, const S* __restrict x, const int64_t* recv,
-                         const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, int64_t begin,
-                         int64_t end, S* __restrict acc) {
+CRUCIBLE_INLINE_IN_CLONES void weights_loop(const S* __restrict g, const S* __restrict T, const S* __restrict x,
+                                            const int64_t* recv, const int64_t* send, const int64_t* path,
+                                            S* __restrict out, const Sizes& z, int64_t begin, int64_t end,
+                                            S* __restrict acc) {
   const int64_t PC = z.P * (CC > 0 ? CC : z.C);
   for (int64_t q = begin; q < end; ++q) {
     S* __restrict o = out + q * PC;
@@ -166,9 +169,10 @@ CRUCIBLE_INLINE_IN_CLONES S dot_tree(const S* __restrict a, const S* __restrict 
 }
 
 template <class S, int64_t CC>
-CRUCIBLE_INLINE_IN_CLONES void table_loop(const S* __restrict g, const S* __restrict w, const S* __restrict x, const int64_t* recv,
-                       const int64_t* send, const int64_t* path, S* __restrict out, const Sizes& z, int64_t begin,
-                       int64_t end, S* __restrict tmp_buf) {
+CRUCIBLE_INLINE_IN_CLONES void table_loop(const S* __restrict g, const S* __restrict w, const S* __restrict x,
+                                          const int64_t* recv, const int64_t* send, const int64_t* path,
+                                          S* __restrict out, const Sizes& z, int64_t begin, int64_t end,
+                                          S* __restrict tmp_buf) {
   // A compile-time channel count keeps the row accumulator in registers.
   S tmp_local[CC > 0 ? CC : 1];
   S* __restrict tmp = CC > 0 ? tmp_local : tmp_buf;

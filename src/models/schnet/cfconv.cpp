@@ -88,8 +88,9 @@ CRUCIBLE_INLINE_IN_CLONES void prefetch_row(const T* row, int64_t K, int rw) {
 // allocator had placed the tensors (ExactResume failed ~1 run in 40). The
 // file is also built without FMA contraction (CMakeLists.txt).
 template <class T, class A>
-CRUCIBLE_INLINE_IN_CLONES void cfconv_kernel(const T* __restrict h, const T* __restrict w, const int64_t* recv, const int64_t* send,
-                          const int64_t* pair, A* __restrict out, int64_t E, int64_t K) {
+CRUCIBLE_INLINE_IN_CLONES void cfconv_kernel(const T* __restrict h, const T* __restrict w, const int64_t* recv,
+                                             const int64_t* send, const int64_t* pair, A* __restrict out, int64_t E,
+                                             int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     if (e + kPrefetchEdges < E) {
       if (pair) prefetch_row(w + pair[e + kPrefetchEdges] * K, K, 0);
@@ -105,7 +106,7 @@ CRUCIBLE_INLINE_IN_CLONES void cfconv_kernel(const T* __restrict h, const T* __r
 // out row e = a[left e] ⊙ b[right e] (per pair: edge_product_grouped_kernel).
 template <class T, class A>
 CRUCIBLE_INLINE_IN_CLONES void edge_product_kernel(const T* __restrict a, const T* __restrict b, const int64_t* left,
-                                const int64_t* right, A* __restrict out, int64_t E, int64_t K) {
+                                                   const int64_t* right, A* __restrict out, int64_t E, int64_t K) {
   for (int64_t e = 0; e < E; ++e) {
     if (e + kPrefetchEdges < E) {
       prefetch_row(a + left[e + kPrefetchEdges] * K, K, 0);
@@ -126,9 +127,10 @@ constexpr int64_t kPrefetchPairs = kPrefetchEdges / 2;  // a pair is two edges, 
 // afterwards. The same additions in the same order as edge_product_kernel
 // into a zeroed row (0 + x is exact), so the same bits.
 template <class T, class A>
-CRUCIBLE_INLINE_IN_CLONES void edge_product_grouped_kernel(const T* __restrict a, const T* __restrict b, const int64_t* left,
-                                        const int64_t* right, const int64_t* offsets, const int64_t* order,
-                                        T* __restrict out, A* __restrict tmp, int64_t P, int64_t K) {
+CRUCIBLE_INLINE_IN_CLONES void edge_product_grouped_kernel(const T* __restrict a, const T* __restrict b,
+                                                           const int64_t* left, const int64_t* right,
+                                                           const int64_t* offsets, const int64_t* order,
+                                                           T* __restrict out, A* __restrict tmp, int64_t P, int64_t K) {
   for (int64_t q = 0; q < P; ++q) {
     T* __restrict o = out + q * K;
     const int64_t begin = offsets[q], end = offsets[q + 1];
