@@ -63,6 +63,9 @@ def main():
     print(f"malloc: {gemm_lines[0].get('malloc', '?')} in the C++ executables (the Python calculator and "
           f"LAMMPS/KIM run on their host process's malloc); LibTorch's blocks of 16 MiB or more are kept for "
           f"reuse in all of them (the large block cache)")
+    kept = os.environ.get("CRUCIBLE_KEEP_DENORMALS", "") not in ("", "0")
+    print("denormals: " + ("kept (CRUCIBLE_KEEP_DENORMALS set): slow on Intel CPUs" if kept else
+                           "flushed to zero while Crucible computes (FTZ/DAZ, docs/training_speed.md)"))
     print()
 
     def one(model, rep, threads=1, path="inference"):

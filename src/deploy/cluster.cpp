@@ -2,6 +2,7 @@
 
 #include "crucible/deploy/cluster.h"
 
+#include "crucible/common/denormals.h"
 #include "crucible/data/batch.h"
 #include "crucible/data/structure_checks.h"
 #include "crucible/neighbors/neighbor_list.h"
@@ -195,6 +196,7 @@ ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const Neigh
 
 ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, const at::Tensor& atomic_numbers,
                                const at::Tensor& contributing, const ClusterOptions& options) {
+  const DenormalFlushGuard flush;  // the host's (LAMMPS, Python) setting comes back on return
   if (positions.dim() != 2 || positions.size(1) != 3 || positions.scalar_type() != at::kDouble) {
     throw std::invalid_argument("evaluate_cluster: positions must be [n,3] float64");
   }

@@ -1,5 +1,6 @@
 #include "crucible/training/strategy.h"
 
+#include "crucible/common/denormals.h"
 #include "crucible/common/error.h"
 #include "crucible/training/allocator.h"
 #include "crucible/training/data_parallel.h"
@@ -564,6 +565,8 @@ void TrainingStrategy::train_batch(const Batch& batch) {
   ensure_precision_hook();
   ensure_data_parallel_hook();
   ensure_non_finite_loss_guard();
+  // Backward and the optimizer too, not only compute_outputs (common/denormals.h).
+  const DenormalFlushGuard flush;
   RunScope scope(*this);
   enter_hooks();
   try {
@@ -736,6 +739,8 @@ void TrainingStrategy::run(DataLoader& given_loader) {
   ensure_precision_hook();
   ensure_data_parallel_hook();
   ensure_non_finite_loss_guard();
+  // Backward and the optimizer too, not only compute_outputs (common/denormals.h).
+  const DenormalFlushGuard flush;
   RunScope scope(*this);
   enter_hooks();
   try {

@@ -63,7 +63,9 @@ struct ClusterResult {
 /// model.interaction_range() of it is in the cluster, which is what a
 /// domain decomposition with that influence distance guarantees; padding
 /// atoms' own energies are ignored. The model runs in its own dtype (load it
-/// in float64 for MD). No parameter gradients are kept.
+/// in float64 for MD). No parameter gradients are kept. Denormals flush to
+/// zero during the call; the host's setting is restored after it
+/// (common/denormals.h).
 /// @throws std::invalid_argument on wrong shapes or dtypes, an element the
 ///         model does not know (naming it and the known ones), or two atoms
 ///         closer than options.min_distance (naming both and the distance).

@@ -160,7 +160,8 @@ struct ModelOutputs {
 /// stress run with autocast off, so positions, strain, forces and stress have
 /// the positions' dtype (float32 or float64) in every precision mode. The
 /// energy is returned in the positions' dtype too (cast up if the model
-/// returned a lower one).
+/// returned a lower one). Denormals flush to zero during the call and the
+/// caller's setting is restored after it (common/denormals.h).
 /// @throws std::invalid_argument if stress is requested for a batch without
 ///         a cell tensor.
 ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const ComputeOptions& options);

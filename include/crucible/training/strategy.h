@@ -257,6 +257,8 @@ class TrainingStrategy {
   /// the epoch is derived from batch_count (or step_count when that is 0):
   /// epoch_count += elapsed / len(loader), epoch_step_count = the rest;
   /// global_step_count = step_count × world size when it is 0.
+  /// Denormals flush to zero while it runs (DenormalFlushGuard), as in
+  /// train_batch().
   /// @throws std::invalid_argument if the loader yields no batch, a counter
   ///   is negative, or the counters are inconsistent (message gives the
   ///   expected value).
@@ -317,7 +319,8 @@ class TrainingStrategy {
   /// BEFORE_BACKWARD, DO_BACKWARD (or backward()), AFTER_BACKWARD,
   /// BEFORE_OPTIMIZER_STEP, DO_OPTIMIZER_STEP (or step every optimizer and
   /// its scheduler), AFTER_OPTIMIZER_STEP, counters, AFTER_BATCH; exits the
-  /// hooks. Advances counters like `run`.
+  /// hooks. Advances counters like `run`. Denormals flush to zero during the
+  /// call, on this thread and the intra-op threads (common/denormals.h).
   void train_batch(const Batch& batch);
 
   /// Runs validation now, fires AFTER_VALIDATION, returns the summary.
