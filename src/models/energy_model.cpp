@@ -165,10 +165,18 @@ at::Tensor edge_vectors(const Batch& batch) {
   at::Tensor vec = own_backward ? EdgeDifference::apply(pos.contiguous(), batch.edge_index.contiguous())
                                 : pos.index_select(0, j) - pos.index_select(0, i);  // [E,3]
   if (batch.cell.defined() && batch.shifts.defined() && vec.size(0) > 0) {
-    // Cell of each edge's structure (graph of its center atom): [E,3,3].
-    const at::Tensor edge_cell = batch.cell.index_select(0, batch.batch.index_select(0, i));
-    const at::Tensor s = batch.shifts.to(pos.scalar_type()).unsqueeze(1);  // [E,1,3]
-    vec = vec + at::bmm(s, edge_cell).squeeze(1);                         // S · cell
+    if (batch.cell.size(0) == 1) {
+      // One structure (MD, the calculator, KIM): S · cell as one [E,3]×[3,3]
+      // product, whose gradient for the cell is a parallel GEMM. The gather
+      // below has LibTorch's serial index_add_ of [E,3,3] as its backward
+      // (~12 ms of a 16384-atom SchNet call with stress).
+      vec = vec + batch.shifts.to(pos.scalar_type()).mm(batch.cell.select(0, 0));
+    } else {
+      // Cell of each edge's structure (graph of its center atom): [E,3,3].
+      const at::Tensor edge_cell = batch.cell.index_select(0, batch.batch.index_select(0, i));
+      const at::Tensor s = batch.shifts.to(pos.scalar_type()).unsqueeze(1);  // [E,1,3]
+      vec = vec + at::bmm(s, edge_cell).squeeze(1);                         // S · cell
+    }
   }
   return vec;
 }
@@ -206,8 +214,12 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
     const int64_t num_graphs = batch.cell.size(0);
     strain = at::zeros({num_graphs, 3, 3}, batch.positions.options()).requires_grad_(true);
     const at::Tensor sym = 0.5 * (strain + strain.transpose(1, 2));  // [B,3,3]
-    const at::Tensor atom_sym = sym.index_select(0, batch.batch);      // [N,3,3]
-    b.positions = positions + at::bmm(positions.unsqueeze(1), atom_sym).squeeze(1);
+    if (num_graphs == 1) {
+      b.positions = positions + positions.mm(sym.select(0, 0));  // as edge_vectors: no [N,3,3] gather
+    } else {
+      const at::Tensor atom_sym = sym.index_select(0, batch.batch);  // [N,3,3]
+      b.positions = positions + at::bmm(positions.unsqueeze(1), atom_sym).squeeze(1);
+    }
     const at::Tensor cell = batch.cell.detach();
     b.cell = cell + at::bmm(cell, sym);
     inputs.push_back(strain);

@@ -116,17 +116,21 @@ at::Tensor fd_stress(SchNet& model, const Batch& batch) {
 }
 
 TEST(ForcesStress, EdgeVectorsMatchDefinition) {
+  // Two structures (the per-edge cell gather) and one alone (one S · cell
+  // product: the single-structure branch).
   Structure s = random_periodic(4, {13, 20}, 3);
-  Batch b = make_batch({s, molecule()}, kCutoff);
-  at::Tensor v = edge_vectors(b);
-  ASSERT_EQ(v.sizes(), (at::IntArrayRef{b.num_edges(), 3}));
-  for (int64_t e = 0; e < b.num_edges(); e += 7) {
-    const int64_t i = b.edge_index[0][e].item<int64_t>();
-    const int64_t j = b.edge_index[1][e].item<int64_t>();
-    const int64_t g = b.batch[i].item<int64_t>();
-    at::Tensor expect = b.positions[j] - b.positions[i] + at::matmul(b.shifts[e], b.cell[g]);
-    EXPECT_LT((v[e] - expect).abs().max().item<double>(), 1e-14);
-    EXPECT_LT(v[e].norm().item<double>(), kCutoff);
+  for (const Batch& b : {make_batch({s, molecule()}, kCutoff), make_batch({s}, kCutoff)}) {
+    at::Tensor v = edge_vectors(b);
+    ASSERT_EQ(v.sizes(), (at::IntArrayRef{b.num_edges(), 3}));
+    ASSERT_GT(b.shifts.abs().sum().item<double>(), 0.0);  // some edges cross the cell
+    for (int64_t e = 0; e < b.num_edges(); e += 7) {
+      const int64_t i = b.edge_index[0][e].item<int64_t>();
+      const int64_t j = b.edge_index[1][e].item<int64_t>();
+      const int64_t g = b.batch[i].item<int64_t>();
+      at::Tensor expect = b.positions[j] - b.positions[i] + at::matmul(b.shifts[e], b.cell[g]);
+      EXPECT_LT((v[e] - expect).abs().max().item<double>(), 1e-14);
+      EXPECT_LT(v[e].norm().item<double>(), kCutoff);
+    }
   }
 }
 
