@@ -117,6 +117,21 @@ torch::autograd::variable_list EdgeDifference::backward(torch::autograd::Autogra
   return {EdgeDifferenceSum::apply(grad_out[0], edge_index, n), at::Tensor()};
 }
 
+/// out[r] = rows[r] · mats[graph of r] [R,3], rows [R,3], mats [B,3,3] (same
+/// dtype); the graph of row r is node_graph[node_index[r]], or node_graph[r]
+/// when node_index is undefined (R = N). For one structure (B = 1: MD, the
+/// calculator, KIM) this is one [R,3]×[3,3] product, whose gradient for mats
+/// is a GEMM that threads. Otherwise it gathers [R,3,3] matrices, and the
+/// gather's backward is LibTorch's serial index_add_: on one 16384-atom
+/// SchNet call with stress (Intel Xeon VM, 1 thread) the profiler listed
+/// index_add_ at 36 ms and bmm at 26 ms with the gather, neither without it.
+at::Tensor rows_times_graph_matrix(const at::Tensor& rows, const at::Tensor& mats, const at::Tensor& node_graph,
+                                   const at::Tensor& node_index) {
+  if (mats.size(0) == 1) return rows.mm(mats.select(0, 0));
+  const at::Tensor graph = node_index.defined() ? node_graph.index_select(0, node_index) : node_graph;
+  return at::bmm(rows.unsqueeze(1), mats.index_select(0, graph)).squeeze(1);
+}
+
 /// energy [B] = Σ per structure of `energies` [N], with autocast off.
 at::Tensor structure_sums(const Batch& batch, const at::Tensor& energies) {
   AutocastDisabledGuard sum_in_geometry_dtype;
@@ -165,18 +180,8 @@ at::Tensor edge_vectors(const Batch& batch) {
   at::Tensor vec = own_backward ? EdgeDifference::apply(pos.contiguous(), batch.edge_index.contiguous())
                                 : pos.index_select(0, j) - pos.index_select(0, i);  // [E,3]
   if (batch.cell.defined() && batch.shifts.defined() && vec.size(0) > 0) {
-    if (batch.cell.size(0) == 1) {
-      // One structure (MD, the calculator, KIM): S · cell as one [E,3]×[3,3]
-      // product, whose gradient for the cell is a parallel GEMM. The gather
-      // below has LibTorch's serial index_add_ of [E,3,3] as its backward
-      // (~12 ms of a 16384-atom SchNet call with stress).
-      vec = vec + batch.shifts.to(pos.scalar_type()).mm(batch.cell.select(0, 0));
-    } else {
-      // Cell of each edge's structure (graph of its center atom): [E,3,3].
-      const at::Tensor edge_cell = batch.cell.index_select(0, batch.batch.index_select(0, i));
-      const at::Tensor s = batch.shifts.to(pos.scalar_type()).unsqueeze(1);  // [E,1,3]
-      vec = vec + at::bmm(s, edge_cell).squeeze(1);                         // S · cell
-    }
+    // S · cell, with the cell of each edge's structure (graph of its center atom).
+    vec = vec + rows_times_graph_matrix(batch.shifts.to(pos.scalar_type()), batch.cell, batch.batch, i);
   }
   return vec;
 }
@@ -214,12 +219,7 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
     const int64_t num_graphs = batch.cell.size(0);
     strain = at::zeros({num_graphs, 3, 3}, batch.positions.options()).requires_grad_(true);
     const at::Tensor sym = 0.5 * (strain + strain.transpose(1, 2));  // [B,3,3]
-    if (num_graphs == 1) {
-      b.positions = positions + positions.mm(sym.select(0, 0));  // as edge_vectors: no [N,3,3] gather
-    } else {
-      const at::Tensor atom_sym = sym.index_select(0, batch.batch);  // [N,3,3]
-      b.positions = positions + at::bmm(positions.unsqueeze(1), atom_sym).squeeze(1);
-    }
+    b.positions = positions + rows_times_graph_matrix(positions, sym, batch.batch, at::Tensor());
     const at::Tensor cell = batch.cell.detach();
     b.cell = cell + at::bmm(cell, sym);
     inputs.push_back(strain);
