@@ -7,7 +7,7 @@ GEMM rates; the CPU model and flags. Every ratio is measured in this run.
 
 Usage: /usr/bin/python3 bench/run_md_scale.py [--build build]
        [--work /tmp/crucible_bench] [--reps 4,8,16,32] [--deploy-reps 4,8,16]
-       [--train-steps 60]
+       [--train-steps 60] [--train-rounds 3]
 Needs a built tree, Debian's python3-ase, lmp and libkim-api-dev.
 """
 import argparse
@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--deploy-reps", default="4,8,16,32")
     ap.add_argument("--train-reps", default="4,8,12,16")
     ap.add_argument("--train-steps", type=int, default=60)
+    ap.add_argument("--train-rounds", type=int, default=3, help="rounds over all sizes of the training-path section")
     ap.add_argument("--bf16-steps", type=int, default=300, help="SchNet training steps of the bf16 section")
     ap.add_argument("--bf16-seeds", default="0,1,2", help="SchNet initial-weight seeds of the bf16 section")
     ap.add_argument("--thread-rounds", type=int, default=6, help="alternating 1/2-thread rounds of the threads section")
@@ -68,9 +69,10 @@ def main():
                            "flushed to zero while Crucible computes (FTZ/DAZ, docs/training_speed.md)"))
     print()
 
-    def one(model, rep, threads=1, path="inference"):
+    def one(model, rep, threads=1, path="inference", flops=True):
         env = env2 if threads == 2 else env1
-        out = run([inf, "--model", model, "--reps", str(rep), "--threads", str(threads), "--path", path], env)
+        out = run([inf, "--model", model, "--reps", str(rep), "--threads", str(threads), "--path", path]
+                  + ([] if flops else ["--flops", "0"]), env)
         return fields(last_line(out, "model="))
 
     sections = set(a.sections.split(","))
@@ -105,10 +107,14 @@ def main():
                   flush=True)
         print()
     if "training" in sections:
+        rounds = a.train_rounds
         print("training path (outputs with create_graph + energy/force loss backward), 1 thread; FLOPs as LibTorch's")
-        print("profiler counts them (matrix products and element-wise ops, not the hand-written edge kernels: a lower bound):")
+        print("profiler counts them (matrix products and element-wise ops, not the hand-written edge kernels: a lower bound).")
+        print(f"{rounds} rounds, each running every size once (one process per size, back to back); the ratio to the "
+              "smallest is taken within each round (side by side; the VM's speed drifts between rounds), the median "
+              "over rounds printed with its range:")
         for model in ("schnet", "mace"):
-            base = None
+            sizes = []
             for rep in [int(r) for r in a.train_reps.split(",")]:
                 # MB per atom, measured (Zen 5, 16384 atoms: 0.81 direct, 0.56 checkpointed);
                 # MACE checkpoints its product basis above 16384 atoms.
@@ -118,14 +124,21 @@ def main():
                     print(f"  {model:<7} {4 * rep ** 3:>7} not run: the training path would keep ~{need_gb:.0f} GB "
                           f"(~{mb} MB per atom), {available_gb():.0f} GB available")
                     continue
-                f = one(model, rep, path="training")
-                us = float(f["us_per_atom"])
-                base = base or us
-                rate = float(f["achieved_gflops"])
+                sizes.append(rep)
+            runs = {rep: [] for rep in sizes}
+            for r in range(rounds):
+                for rep in sizes:  # FLOPs profiled in the first round only
+                    runs[rep].append(one(model, rep, path="training", flops=(r == 0)))
+            for rep in sizes:
+                first = runs[rep][0]
+                us = [float(f["us_per_atom"]) for f in runs[rep]]
+                ratios = [u / float(b["us_per_atom"]) for u, b in zip(us, runs[sizes[0]])]
+                rate = float(first["achieved_gflops"])
                 flops = (f"profiled ops {rate:.1f} GFLOP/s = {100 * rate / gemm['float32']:.0f}% of the float32 GEMM rate"
                          if rate == rate else "not profiled (the profiler's records would not fit)")
-                print(f"  {model:<7} {int(f['atoms']):>7} {us:>9.1f} µs/atom {float(f['peak_kb_per_atom']):>8.1f} KB/atom "
-                      f"{us / base:>6.2f}x the smallest; {flops}", flush=True)
+                print(f"  {model:<7} {int(first['atoms']):>7} {statistics.median(us):>9.1f} µs/atom "
+                      f"{float(first['peak_kb_per_atom']):>8.1f} KB/atom {statistics.median(ratios):>6.2f}x the smallest "
+                      f"({min(ratios):.2f}-{max(ratios):.2f}); {flops}", flush=True)
         print()
     if "bf16" in sections:
         # MACE's 30-step runs take seconds, so this VM's drift between two
