@@ -11,6 +11,7 @@ Usage: /usr/bin/python3 bench/run_md_scale.py [--build build]
 Needs a built tree, Debian's python3-ase, lmp and libkim-api-dev.
 """
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -43,6 +44,7 @@ def main():
     ap.add_argument("--bf16-steps", type=int, default=300, help="SchNet training steps of the bf16 section")
     ap.add_argument("--bf16-seeds", default="0,1,2", help="SchNet initial-weight seeds of the bf16 section")
     ap.add_argument("--thread-rounds", type=int, default=6, help="alternating 1/2-thread rounds of the threads section")
+    ap.add_argument("--train-thread-rounds", type=int, default=3, help="rounds of the train_threads section")
     ap.add_argument("--sections", default="inference,threads,training,bf16,train_threads,deploy",
                     help="comma-separated subset to run")
     a = ap.parse_args()
@@ -178,20 +180,50 @@ def main():
                   f"({mae['bf16-mixed'][1] / mae['32-true'][1]:.2f}x)", flush=True)
         print()
     if "train_threads" in sections:
-        print("training threads (same runs, 32-true; OMP_NUM_THREADS as the threads) and what "
-              "training.num_threads 0 (auto) picks on these batches:")
+        # The training default itself: `crucible train` with the default model
+        # and recipe (batch 8, float32) on these Cu cells, with
+        # training.num_threads 1, 2 and 0 (auto) one after the other in each
+        # round. Throughput from metrics.jsonl (elapsed_s every 10 steps),
+        # after the first 10 steps and before the first epoch's validation.
+        rounds, steps = a.train_thread_rounds, {"schnet": 50, "mace": 30}
+        print(f"training threads: `crucible train` with the default model and recipe (batch 8, float32), "
+              f"training.num_threads 1, 2 and 0 (auto) one after the other, {rounds} rounds; structures/s from "
+              "steps 10 to the last (SchNet 50, MACE 30); median ratio 2 vs 1 threads with its range over rounds, "
+              "and what auto picked in each round:")
         binary = os.path.join(a.build, "crucible")
         env_auto = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
-        for name, cmd in trainers:
-            rate = {t: float(fields(last_line(run(cmd + ["--threads", str(t)], env1 if t == 1 else env2),
-                                              tags[name]))["structures_per_s"]) for t in (1, 2)}
+
+        def train_run(name, threads):
+            run_dir = os.path.join(a.work, f"threads_{name}_{threads}")
             out = run([binary, "train", f"data.train_file={data}", f"model.type={name}", "model.cutoff=5.0",
-                       "training.batch_size=8", "training.dtype=float32", "training.num_steps=1",
-                       f"output.run_dir={os.path.join(a.work, 'auto_threads_' + name)}", "output.overwrite=true"], env_auto)
-            auto = [l.split("CPU threads: ", 1)[1] for l in out.splitlines() if "CPU threads: " in l][0]
-            faster = 2 if rate[2] > rate[1] else 1
-            print(f"  {name:<7} 1 thread {rate[1]:.1f} structures/s, 2 threads {rate[2]:.1f}: {rate[2] / rate[1]:.2f}x; "
-                  f"faster: {faster}; auto: {auto}", flush=True)
+                       "training.batch_size=8", "training.dtype=float32", f"training.num_steps={steps[name]}",
+                       f"training.num_threads={threads}", f"output.run_dir={run_dir}", "output.overwrite=true"],
+                      env_auto)
+            with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+                logged = [j for j in map(json.loads, f) if j.get("type") == "train"]
+            first, last = logged[0], logged[-1]  # steps 10 and the last
+            rate = 8 * (last["step"] - first["step"]) / (last["elapsed_s"] - first["elapsed_s"])
+            chosen = [l.split("CPU threads: ", 1)[1] for l in out.splitlines() if "CPU threads: " in l][0]
+            return rate, chosen
+
+        for name in ("schnet", "mace"):
+            rates = {1: [], 2: [], 0: []}
+            picks = []
+            for _ in range(rounds):
+                for t in (1, 2, 0):
+                    rate, chosen = train_run(name, t)
+                    rates[t].append(rate)
+                    if t == 0:
+                        picks.append(chosen)
+            ratios = sorted(x / y for x, y in zip(rates[2], rates[1]))
+            med = statistics.median(ratios)
+            faster = "2" if med > 1.05 else ("1" if med < 1 / 1.05 else "tie within 5%")
+            picked = [int(p.split()[0]) for p in picks]
+            print(f"  {name:<7} 1 thread {statistics.median(rates[1]):.1f} structures/s, 2 threads "
+                  f"{statistics.median(rates[2]):.1f}, auto {statistics.median(rates[0]):.1f}: 2 vs 1 {med:.2f}x "
+                  f"({ratios[0]:.2f}-{ratios[-1]:.2f}); faster: {faster}; auto picked {', '.join(map(str, picked))}",
+                  flush=True)
+            print(f"          last auto: {picks[-1]}", flush=True)
         print()
     if "deploy" in sections:
         print("deployment paths (trained 5-step models, 1 thread; calculator and lammps_kim_f32 float32, lammps_kim float64):")
