@@ -1,6 +1,7 @@
 #include "crucible/precision/precision.h"
 
 #include "crucible/common/autocast_state.h"
+#include "crucible/common/denormals.h"
 #include "crucible/common/error.h"
 
 #include <ATen/autocast_mode.h>
@@ -161,6 +162,10 @@ at::Tensor PrecisionPlugin::pre_backward(const at::Tensor& loss) {
 }
 
 void backward_into(const at::Tensor& loss, const std::vector<at::Tensor>& parameters) {
+  // Every backward Crucible runs flushes, as every compute_outputs does:
+  // callers outside a training run (the thread choice's timing pass) once
+  // ran theirs unflushed (common/denormals.h).
+  const DenormalFlushGuard flush;
   if (parameters.empty()) {
     loss.backward();
   } else {

@@ -2,7 +2,6 @@
 // cores, measured on the run's first batch (issue 19, deliverable 4).
 
 #include "crucible/training/thread_choice.h"
-#include "crucible/common/denormals.h"
 #include "crucible/precision/precision.h"
 #include "crucible/training/hook.h"
 
@@ -128,10 +127,6 @@ ThreadChoice choose_thread_count(const std::function<void()>& pass, const Thread
 
 std::function<void()> training_pass(EnergyModel& model, const Batch& batch) {
   return [&model, batch]() {
-    // As TrainingStrategy::run does for a whole run: the loss backward too,
-    // not only compute_outputs (on an Intel Xeon the SchNet default model's
-    // pass took 19.5 ms unflushed against 13 ms for a whole training step).
-    const DenormalFlushGuard flush;
     const auto params = model.module().parameters();
     std::vector<at::Tensor> saved;
     saved.reserve(params.size());

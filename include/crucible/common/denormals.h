@@ -32,8 +32,9 @@ bool denormals_flushed_on_this_thread();
 /// RAII: denormals flush to zero on the calling thread and the intra-op
 /// threads while the guard lives (see the top of this file). Nested guards
 /// are fine: an inner guard leaves the outer one's setting in place. Used by
-/// compute_outputs, evaluate_cluster and TrainingStrategy::run / train_batch,
-/// so every path that computes energies, forces or a training step flushes.
+/// compute_outputs, backward_into, evaluate_cluster and TrainingStrategy::run
+/// / train_batch, so every path that computes energies, forces, a backward
+/// or a training step flushes.
 /// Never throws.
 class DenormalFlushGuard {
  public:

@@ -66,7 +66,9 @@ bool autocast_supported(at::DeviceType device_type, at::ScalarType dtype);
 
 /// loss.backward() into `parameters` only (their .grad accumulate; nothing
 /// else does, and the engine runs only the nodes they need); empty: into
-/// every leaf that requires grad. @throws c10::Error if a listed tensor
+/// every leaf that requires grad. Denormals flush to zero during the call and
+/// the caller's setting is restored after it (common/denormals.h).
+/// @throws c10::Error if a listed tensor
 /// does not require grad, or from the backward itself.
 void backward_into(const at::Tensor& loss, const std::vector<at::Tensor>& parameters);
 

@@ -79,8 +79,9 @@ ThreadChoice choose_thread_count(const std::function<void()>& pass, const Thread
 /// One training step's model work on `batch` (on the model's device and
 /// dtype): compute_outputs with create_graph, then the backward of
 /// Σ energy² + Σ forces² to the parameters, as a force-trained step does.
-/// Runs with denormals flushed to zero, as training does
-/// (common/denormals.h). Parameters are not changed, and each parameter's gradient is put back
+/// Runs with denormals flushed to zero, as training does (compute_outputs
+/// and backward_into flush; common/denormals.h). Parameters are not
+/// changed, and each parameter's gradient is put back
 /// as it was (undefined stays undefined), so the pass leaves no trace in
 /// the run. The model's training mode is left as it is.
 std::function<void()> training_pass(EnergyModel& model, const Batch& batch);
