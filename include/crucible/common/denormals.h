@@ -19,6 +19,9 @@
 // gets its floating-point environment back after each call. Elsewhere it
 // does nothing. Setting CRUCIBLE_KEEP_DENORMALS=1 in the environment turns
 // every guard off (for comparisons against a run without the flush).
+// Source for the bits: Intel 64 and IA-32 Architectures Software Developer's
+// Manual, Vol. 1, §10.2.3 (MXCSR control/status register: flush-to-zero,
+// denormals-are-zeros).
 
 namespace crucible {
 
