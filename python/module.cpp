@@ -22,6 +22,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -140,6 +141,17 @@ PYBIND11_MODULE(_crucible, m) {
       .def("metadata", &crucible::Model::metadata)
       .def("compute", &crucible::Model::compute, py::arg("positions"), py::arg("numbers"), py::arg("cell"),
            py::arg("pbc"), py::arg("stress") = true);
+  m.def(
+      "import_mace",
+      [](const std::string& file, const std::string& hyperparameters, const std::string& out_dir) {
+        crucible::ImportMaceRequest req{file, hyperparameters, out_dir};
+        std::ostringstream text;
+        crucible::run_import_mace(req, text);
+        return text.str();
+      },
+      py::arg("file"), py::arg("hyperparameters"), py::arg("out_dir"),
+      "`crucible import mace FILE [--hyperparameters JSON] --out OUT_DIR` (issue 46): returns what it printed. "
+      "Raises RuntimeError naming the file for input it cannot use.");
   m.def("empty_cache", &crucible::empty_large_block_cache,
         "Returns the idle large blocks (16 MiB or more) that loading a model keeps for the next call to the "
         "kernel, and the number of bytes returned; the next large call page-faults its memory again.");

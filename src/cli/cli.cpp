@@ -155,6 +155,18 @@ int run(int argc, char** argv) {
   export_kim_cmd->add_option("--dtype", export_kim.dtype, "Evaluation dtype of the KIM model: float64 (default) or float32")
       ->check(CLI::IsMember({"float64", "float32"}));
 
+  // import mace
+  ImportMaceRequest import_mace_req;
+  CLI::App* import_cmd = app.add_subcommand("import", "Import a model trained elsewhere into a Crucible run directory.");
+  import_cmd->require_subcommand(1);
+  CLI::App* import_mace_cmd = import_cmd->add_subcommand(
+      "mace", "A MACE v0.3 model: its _compiled.model (TorchScript), or a .pt state_dict with --hyperparameters");
+  import_mace_cmd->add_option("file", import_mace_req.file, "MACE _compiled.model, or .pt state_dict / checkpoint")
+      ->required();
+  import_mace_cmd->add_option("--hyperparameters", import_mace_req.hyperparameters,
+                              "JSON of MACE's hyper-parameters (for a .pt; python3 -m crucible.mace_to_pt writes it)");
+  import_mace_cmd->add_option("--out", import_mace_req.out_dir, "New or empty run directory to write")->required();
+
   // config
   bool dump_default = false, markdown = false;
   std::string cfg_file;
@@ -263,6 +275,10 @@ int run(int argc, char** argv) {
   }
   if (convert_cmd->parsed()) {
     run_convert(convert, std::cout);
+    return 0;
+  }
+  if (import_mace_cmd->parsed()) {
+    run_import_mace(import_mace_req, std::cout);
     return 0;
   }
   if (export_kim_cmd->parsed()) {

@@ -107,6 +107,13 @@ void run_info(const std::string& path, std::ostream& out) {
   }
   out << fmt::format("model           {}\n", dir);
   out << fmt::format("type            {}\n", m.model_type);
+  if (m.origin.is_object()) {
+    const auto& o = m.origin;
+    out << fmt::format("origin          imported from {} {} ({}), sha256 {}\n",
+                       o.value("format", std::string("?")) == "mace" ? "MACE" : o.value("format", std::string("?")),
+                       o.contains("mace_version") ? o.at("mace_version").get<std::string>() : std::string("(version unknown)"),
+                       o.value("file", std::string("?")), o.value("sha256", std::string("?")));
+  }
   out << fmt::format("hyperparameters {}\n", m.hyperparameters.dump());
   out << fmt::format("parameters      {}\n", params);
   out << fmt::format("elements        {}\n", elements);

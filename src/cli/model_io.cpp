@@ -94,6 +94,7 @@ void save_model(const std::string& run_dir, EnergyModel& model, const ModelMetad
   j["scale_eV"] = meta.scale;
   j["shift_eV_per_atom"] = meta.shift;
   if (meta.min_distance) j["min_distance_angstrom"] = *meta.min_distance;
+  if (!meta.origin.is_null()) j["origin"] = meta.origin;
   j["output_units"] = {{"energy", "eV"}, {"forces", "eV/Å"}, {"stress", "eV/Å^3"},
                        {"length", "Å"}};
   const auto& d = meta.data;
@@ -148,6 +149,7 @@ LoadedModel load_model(const std::string& run_dir) {
     meta.shift = j.at("shift_eV_per_atom").get<double>();
     if (j.contains("e0_source")) meta.e0_source = j.at("e0_source").get<std::string>();
     if (j.contains("min_distance_angstrom")) meta.min_distance = j.at("min_distance_angstrom").get<double>();
+    if (j.contains("origin")) meta.origin = j.at("origin");
     if (j.contains("data")) {
       const auto& d = j.at("data");
       meta.data.energy_key = d.value("energy_key", meta.data.energy_key);

@@ -94,6 +94,22 @@ struct ConvertRequest {
 /// @throws ConfigError for a non-data override, DataError for unreadable
 ///         input or an output that exists.
 void run_convert(const ConvertRequest& request, std::ostream& out);
+/// Options of `crucible import mace` (issue 46).
+struct ImportMaceRequest {
+  std::string file;             ///< a MACE `_compiled.model` (TorchScript) or a `.pt` state_dict.
+  std::string hyperparameters;  ///< JSON of MACE's hyper-parameters; required for a `.pt`, empty for TorchScript.
+  std::string out_dir;          ///< new or empty run directory to write.
+};
+/// `crucible import mace`: reads the file (crucible/models/mace/mace_import.h),
+/// builds the Crucible model with the file's weights, U matrices and
+/// Clebsch-Gordan blocks, and writes `out_dir/model.pt` + `model.json`
+/// (its "origin": format, reader, file, sha256, MACE version), which every
+/// path that takes a run directory uses.
+/// @throws ConfigError if out_dir exists and is not empty (nothing written);
+///         DataError naming the file for unreadable input or a model Crucible
+///         cannot represent (what is missing is named).
+void run_import_mace(const ImportMaceRequest& request, std::ostream& out);
+
 /// Options of `crucible export kim` (issue 17).
 struct ExportKimRequest {
   std::string run_dir;  ///< run directory, or a model.pt with model.json beside it.

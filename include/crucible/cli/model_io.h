@@ -34,6 +34,10 @@ struct ModelMetadata {
   std::optional<double> min_distance;
   /// Data settings of training (keys and file units), reused by `evaluate`.
   DataConfig data;
+  /// Where an imported model came from (model.json "origin", issue 46):
+  /// {"format": "mace", "reader", "file", "sha256", "mace_version",
+  /// "hyperparameters"}; null for a model Crucible trained.
+  nlohmann::json origin;
 };
 
 /// Writes `<run_dir>/model.pt` (torch::save of the module's parameters and

@@ -109,6 +109,8 @@ MaceImpl::MaceImpl(MaceOptions options) : options_(std::move(options)) {
     if (z < 1 || z > 118) fail("atomic_numbers must be in 1..118, got " + std::to_string(z));
     if (k > 0 && z <= o.atomic_numbers[k - 1]) fail("atomic_numbers must be ascending without repeats");
   }
+  if (o.basis != "crucible" && o.basis != "mace") fail("basis must be crucible or mace, got '" + o.basis + "'");
+  if (!(o.silu_normalization >= 0.0) || !std::isfinite(o.silu_normalization)) fail("silu_normalization must be a finite number >= 0");
   Irreps hidden;
   try {
     hidden = Irreps::parse(o.hidden_irreps, 3);
@@ -133,6 +135,19 @@ MaceImpl::MaceImpl(MaceOptions options) : options_(std::move(options)) {
   if (!has_scalar) fail("hidden_irreps '" + o.hidden_irreps + "' must contain scalars (0e)");
   channels_ = C;
   hidden_ = per_channel(irreps_of(hidden));
+  if (o.basis == "mace") {
+    // One K per layer, output irrep (the last layer: 0e only) and ν.
+    bool ok = o.u_columns.size() == static_cast<size_t>(o.num_interactions);
+    for (size_t t = 0; ok && t < o.u_columns.size(); ++t) {
+      const size_t outs = t + 1 == o.u_columns.size() ? 1 : hidden_.size();
+      ok = o.u_columns[t].size() == outs;
+      for (const auto& per_nu : o.u_columns[t]) {
+        ok = ok && per_nu.size() == static_cast<size_t>(o.correlation);
+        for (int64_t k : per_nu) ok = ok && k >= 0;
+      }
+    }
+    if (!ok) fail("u_columns must give, per layer, per output irrep and per correlation order 1.." + std::to_string(o.correlation) + ", a count >= 0");
+  }
   reset();
 }
 
@@ -142,6 +157,9 @@ void MaceImpl::reset() {
   const int64_t nE = static_cast<int64_t>(o.atomic_numbers.size());
   const int64_t T = o.num_interactions;
   z_index_ = at::full({119}, -1, at::kLong);
+  u_matrices_.assign(static_cast<size_t>(T), {});
+  w3j_.assign(static_cast<size_t>(T), {});
+  file_tables_signature_.clear();
   for (int64_t k = 0; k < nE; ++k) z_index_[o.atomic_numbers[static_cast<size_t>(k)]] = k;
 
   const Irreps target = sh_irreps(o.max_ell);
@@ -162,23 +180,22 @@ void MaceImpl::reset() {
     L.node = t == 0 ? scalar : hidden_;
     L.target = target;
     L.out = t == T - 1 ? scalar : hidden_;
+    // basis "mace": these are Crucible's until refresh_file_tables replaces
+    // them with the file's (the path list and sizes are the same).
     L.tp = std::make_shared<mace::ConvTensorProduct>(L.node, o.max_ell, L.target);
     const auto outs = irreps_of(L.out);
-    L.table = std::make_shared<mace::MonomialTable>(mace::monomial_table(L.target, outs, o.correlation));
-    for (int nu = 1; nu <= L.table->max_nu; ++nu) {
-      std::vector<at::Tensor> rows;
-      for (const auto& cmat : L.table->coefficients[static_cast<size_t>(nu - 1)])
-        if (cmat.defined()) rows.push_back(cmat);
-      L.stacked_coefficients.push_back(rows.empty() ? at::Tensor() : at::cat(rows, 0));
-      L.monomial_indices.push_back(nu == 1 ? L.table->monomials[0].select(1, 0).contiguous()
-                                           : L.table->parents[static_cast<size_t>(nu - 1)]);
+    if (!mace_basis()) {
+      L.table = std::make_shared<mace::MonomialTable>(mace::monomial_table(L.target, outs, o.correlation));
+      stack_product_tables(L);
     }
     for (size_t b = 0; b < outs.size(); ++b) {
       int64_t total = 0;
-      for (int nu = 1; nu <= o.correlation; ++nu) {
+      for (int nu = 1; nu <= o.correlation && !mace_basis(); ++nu) {
         L.bases.push_back(&mace::symmetric_basis(L.target, outs[b], nu));
         total += L.bases.back()->num_basis;
       }
+      for (int nu = 1; nu <= o.correlation && mace_basis(); ++nu)
+        total += o.u_columns[static_cast<size_t>(t)][b][static_cast<size_t>(nu - 1)];
       if (total == 0) {
         fail("hidden irrep " + outs[b].to_string() + " cannot be built from harmonics to l = " +
              std::to_string(o.max_ell) + " at correlation " + std::to_string(o.correlation));
@@ -216,7 +233,8 @@ void MaceImpl::reset() {
     product_weights_[t].resize(outs.size());
     for (size_t b = 0; b < outs.size(); ++b) {
       for (int nu = 1; nu <= o.correlation; ++nu) {
-        const int64_t K = L.bases[b * static_cast<size_t>(o.correlation) + static_cast<size_t>(nu - 1)]->num_basis;
+        const int64_t K = mace_basis() ? o.u_columns[static_cast<size_t>(t)][b][static_cast<size_t>(nu - 1)]
+                                       : L.bases[b * static_cast<size_t>(o.correlation) + static_cast<size_t>(nu - 1)]->num_basis;
         product_weights_[t][b].push_back(
             K == 0 ? at::Tensor()
                    : register_parameter(p + "product_" + outs[b].to_string() + "_nu" + std::to_string(nu),
@@ -224,6 +242,7 @@ void MaceImpl::reset() {
       }
       product_linear_[t].push_back(register_parameter(p + "product_linear_" + outs[b].to_string(), normal({C, C})));
     }
+    if (mace_basis()) register_file_tables(L, t, p);
     // Readout.
     if (t < T - 1) {
       readout_[t].push_back(register_parameter(p + "readout", normal({C, 1})));
@@ -234,6 +253,11 @@ void MaceImpl::reset() {
     layers_.push_back(std::move(L));
   }
   const auto opts = at::TensorOptions().dtype(at::kFloat);
+  if (mace_basis()) {
+    bessel_weights_ = register_buffer("bessel_weights", at::arange(1, o.num_bessel + 1, opts) * (3.14159265358979323846 / o.cutoff));
+    bessel_prefactor_ = register_buffer("bessel_prefactor", at::full({}, std::sqrt(2.0 / o.cutoff), opts));
+    cutoff_r_max_ = register_buffer("cutoff_r_max", at::full({}, o.cutoff, opts));
+  }
   e0_ = register_buffer("e0", at::zeros({119}, opts));
   scale_ = register_buffer("scale", at::ones({}, opts));
   shift_ = register_buffer("shift", at::zeros({}, opts));
@@ -266,7 +290,7 @@ std::vector<at::Tensor> MaceImpl::radial_mlp_weights(int64_t t) const {
   // e3nn FullyConnectedNet: no biases, x W / √fan_in, normalised SiLU c·silu
   // between layers (c and 1/√fan_in folded into the next weight).
   const auto& W = radial_[static_cast<size_t>(t)];
-  const double c = mace::normalized_silu_factor();
+  const double c = silu_factor();
   std::vector<at::Tensor> out;
   for (size_t k = 0; k < W.size(); ++k) {
     out.push_back(W[k] * ((k == 0 ? 1.0 : c) / std::sqrt(static_cast<double>(W[k].size(0)))));
@@ -450,6 +474,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
 }
 
 at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
+  if (mace_basis()) refresh_file_tables();
   const at::ScalarType geom = batch.positions.scalar_type();
   const at::Tensor elem = element_index(batch.atomic_numbers);
   const at::Tensor receiver = batch.edge_index.select(0, 0);
@@ -465,15 +490,21 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     AutocastDisabledGuard no_autocast;
     const at::Tensor vec = edge_vectors(batch);  // [E, 3], r_j − r_i
     at::Tensor r = vec.pow(2).sum(-1).sqrt();     // [E]
-    Y = mace::spherical_harmonics(vec, options_.max_ell);  // [E, (max_ell+1)²]
+    // basis "mace": e3nn's harmonics of r_i − r_j are Crucible's at
+    // P(r_i − r_j), P(x, y, z) = (z, x, y) (docs/mace_import.md).
+    const at::Tensor sh_vec = mace_basis() ? -vec.index_select(1, at::tensor({2, 0, 1}, at::kLong).to(vec.device())) : vec;
+    Y = mace::spherical_harmonics(sh_vec, options_.max_ell);  // [E, (max_ell+1)²]
     if (!ref) {
       // The radial weights depend on the distance only: once per edge pair.
       const at::Tensor shifts = batch.shifts.defined() ? batch.shifts : at::zeros({batch.num_edges(), 3}, at::kLong);
       std::tie(edge_pair, pair_rep) = reverse_edge_pairs(batch.edge_index, shifts);
       r = r.index_select(0, pair_rep);
     }
-    edge_feats = mace::bessel_basis(r, options_.cutoff, options_.num_bessel) *
-                 mace::polynomial_cutoff(r, options_.cutoff, options_.num_polynomial_cutoff).unsqueeze(-1);
+    edge_feats = mace_basis()
+                     ? mace::bessel_basis(r, bessel_weights_, bessel_prefactor_) *
+                           mace::polynomial_cutoff(r, cutoff_r_max_.item<double>(), options_.num_polynomial_cutoff).unsqueeze(-1)
+                     : mace::bessel_basis(r, options_.cutoff, options_.num_bessel) *
+                           mace::polynomial_cutoff(r, options_.cutoff, options_.num_polynomial_cutoff).unsqueeze(-1);
     if (!ref && !chunked) {
       // Parameter-free coupling tables, once per distinct layer input.
       for (size_t t = 0; t < layers_.size(); ++t) {
@@ -533,7 +564,7 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
       e = matmul_bucketed_rows(s, R[0] * inv_c);
     } else {
       const at::Tensor hid = hidden_silu(matmul_bucketed_rows(s, R[0] * inv_c), options_.reference_autograd);
-      e = matmul_bucketed_rows(hid, R[1] * (mace::normalized_silu_factor() / std::sqrt(static_cast<double>(options_.readout_mlp))));
+      e = matmul_bucketed_rows(hid, R[1] * (silu_factor() / std::sqrt(static_cast<double>(options_.readout_mlp))));
     }
     AutocastDisabledGuard no_autocast;
     e = e.squeeze(-1).to(geom);

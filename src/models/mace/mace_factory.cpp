@@ -72,7 +72,7 @@ ModelFactory mace_factory() {
   };
   f.to_json = [](const EnergyModel& m) {
     const auto& o = dynamic_cast<const MaceImpl&>(m).options();
-    return nlohmann::json{{"hidden_irreps", o.hidden_irreps},
+    nlohmann::json h{{"hidden_irreps", o.hidden_irreps},
                           {"max_ell", o.max_ell},
                           {"correlation", o.correlation},
                           {"num_interactions", o.num_interactions},
@@ -83,6 +83,12 @@ ModelFactory mace_factory() {
                           {"cutoff", o.cutoff},
                           {"avg_num_neighbors", o.avg_num_neighbors},
                           {"atomic_numbers", o.atomic_numbers}};
+    if (o.basis != "crucible") {  // an imported MACE model (docs/mace_import.md)
+      h["basis"] = o.basis;
+      h["u_columns"] = o.u_columns;
+      h["silu_normalization"] = o.silu_normalization;
+    }
+    return h;
   };
   f.from_json = [](const nlohmann::json& h) -> std::shared_ptr<EnergyModel> {
     MaceOptions o;
@@ -97,6 +103,9 @@ ModelFactory mace_factory() {
     o.cutoff = h.at("cutoff").get<double>();
     o.avg_num_neighbors = h.at("avg_num_neighbors").get<double>();
     o.atomic_numbers = h.at("atomic_numbers").get<std::vector<int64_t>>();
+    o.basis = h.value("basis", std::string("crucible"));
+    if (h.contains("u_columns")) o.u_columns = h.at("u_columns").get<std::vector<std::vector<std::vector<int64_t>>>>();
+    o.silu_normalization = h.value("silu_normalization", 0.0);
     return std::make_shared<MaceImpl>(o);
   };
   f.parameter_estimate = [](const ModelBuildContext& ctx) {

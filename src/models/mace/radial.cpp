@@ -23,6 +23,16 @@ at::Tensor bessel_basis(const at::Tensor& r, double r_max, int64_t num_basis) {
   return prefactor * at::where(rr > 0, value, n.expand_as(value));
 }
 
+at::Tensor bessel_basis(const at::Tensor& r, const at::Tensor& frequencies, const at::Tensor& prefactor) {
+  if (!frequencies.defined() || frequencies.dim() != 1) throw std::invalid_argument("bessel_basis: frequencies must be 1-D");
+  if (!prefactor.defined() || prefactor.numel() != 1) throw std::invalid_argument("bessel_basis: prefactor must be one value");
+  const at::Tensor n = frequencies.to(r.options());
+  const at::Tensor rr = r.unsqueeze(-1);
+  const at::Tensor safe = at::where(rr > 0, rr, at::ones_like(rr));
+  const at::Tensor value = at::sin(n * rr) / safe;
+  return prefactor.to(r.options()).reshape({}) * at::where(rr > 0, value, n.expand_as(value));
+}
+
 at::Tensor polynomial_cutoff(const at::Tensor& r, double r_max, int64_t p) {
   if (!(r_max > 0.0)) throw std::invalid_argument("polynomial_cutoff: r_max must be > 0");
   if (p < 1) throw std::invalid_argument("polynomial_cutoff: p must be >= 1");

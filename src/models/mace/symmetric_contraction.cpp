@@ -46,6 +46,50 @@ std::vector<int64_t> permutation_axes(int nu, int which) {
 
 int factorial(int n) { return n <= 1 ? 1 : n * factorial(n - 1); }
 
+/// The monomials of a basis and their coefficients from its dense U
+/// [O, D^ν, K], which must be symmetric in its input indices.
+void fill_monomials(SymmetricBasis& basis) {
+  const int nu = basis.nu;
+  const int64_t D = basis.in_dim, O = basis.out.dim();
+  int64_t Dn = 1;
+  for (int k = 0; k < nu; ++k) Dn *= D;
+  const at::Tensor& dense = basis.dense;
+
+  // Monomials: sorted index tuples with a non-zero coefficient.
+  std::vector<std::vector<int64_t>> monos;
+  std::vector<at::Tensor> coefs;
+  if (basis.num_basis > 0) {
+    const at::Tensor flat = dense.permute({1, 0, 2}).reshape({Dn, O * basis.num_basis});  // [D^ν, O·K]
+    std::vector<int64_t> idx(static_cast<size_t>(nu), 0);
+    std::function<void(int, int64_t)> rec = [&](int pos, int64_t start) {
+      if (pos == nu) {
+        int64_t lin = 0;
+        for (int64_t v : idx) lin = lin * D + v;
+        // Number of distinct permutations of the tuple.
+        std::map<int64_t, int> counts;
+        for (int64_t v : idx) ++counts[v];
+        int mult = factorial(nu);
+        for (const auto& [v, n] : counts) mult /= factorial(n);
+        const at::Tensor row = flat[lin] * static_cast<double>(mult);
+        if (row.abs().max().item<double>() > 1e-12) {
+          monos.push_back(idx);
+          coefs.push_back(row);
+        }
+        return;
+      }
+      for (int64_t v = start; v < D; ++v) {
+        idx[static_cast<size_t>(pos)] = v;
+        rec(pos + 1, v);
+      }
+    };
+    rec(0, 0);
+  }
+  basis.monomials = at::zeros({static_cast<int64_t>(monos.size()), nu}, at::kLong);
+  for (size_t m = 0; m < monos.size(); ++m)
+    for (int k = 0; k < nu; ++k) basis.monomials[static_cast<int64_t>(m)][k] = monos[m][static_cast<size_t>(k)];
+  basis.coefficients = coefs.empty() ? at::zeros({0, O * basis.num_basis}, at::kDouble) : at::stack(coefs);
+}
+
 SymmetricBasis build_basis(const Irreps& in, const Irrep& out, int nu) {
   const int64_t D = in.dim();
   const int lmax = in.lmax();
@@ -113,40 +157,7 @@ SymmetricBasis build_basis(const Irreps& in, const Irrep& out, int nu) {
   }
   basis.dense = dense;
   basis.num_basis = dense.size(2);
-
-  // Monomials: sorted index tuples with a non-zero coefficient.
-  std::vector<std::vector<int64_t>> monos;
-  std::vector<at::Tensor> coefs;
-  if (basis.num_basis > 0) {
-    const at::Tensor flat = dense.permute({1, 0, 2}).reshape({Dn, O * basis.num_basis});  // [D^ν, O·K]
-    std::vector<int64_t> idx(static_cast<size_t>(nu), 0);
-    std::function<void(int, int64_t)> rec = [&](int pos, int64_t start) {
-      if (pos == nu) {
-        int64_t lin = 0;
-        for (int64_t v : idx) lin = lin * D + v;
-        // Number of distinct permutations of the tuple.
-        std::map<int64_t, int> counts;
-        for (int64_t v : idx) ++counts[v];
-        int mult = factorial(nu);
-        for (const auto& [v, n] : counts) mult /= factorial(n);
-        const at::Tensor row = flat[lin] * static_cast<double>(mult);
-        if (row.abs().max().item<double>() > 1e-12) {
-          monos.push_back(idx);
-          coefs.push_back(row);
-        }
-        return;
-      }
-      for (int64_t v = start; v < D; ++v) {
-        idx[static_cast<size_t>(pos)] = v;
-        rec(pos + 1, v);
-      }
-    };
-    rec(0, 0);
-  }
-  basis.monomials = at::zeros({static_cast<int64_t>(monos.size()), nu}, at::kLong);
-  for (size_t m = 0; m < monos.size(); ++m)
-    for (int k = 0; k < nu; ++k) basis.monomials[static_cast<int64_t>(m)][k] = monos[m][static_cast<size_t>(k)];
-  basis.coefficients = coefs.empty() ? at::zeros({0, O * basis.num_basis}, at::kDouble) : at::stack(coefs);
+  fill_monomials(basis);
   return basis;
 }
 
@@ -196,7 +207,51 @@ at::Tensor symmetric_contraction_reference(const at::Tensor& x,
   return y;
 }
 
+SymmetricBasis symmetric_basis_from_dense(const Irrep& out, int nu, int64_t in_dim, const at::Tensor& U) {
+  if (nu < 1 || nu > 3) throw std::invalid_argument("symmetric_basis_from_dense: correlation order must be in 1..3, got " + std::to_string(nu));
+  int64_t Dn = 1;
+  for (int k = 0; k < nu; ++k) Dn *= in_dim;
+  if (!U.defined() || U.dim() != 3 || U.size(0) != out.dim() || U.size(1) != Dn) {
+    throw std::invalid_argument("symmetric_basis_from_dense: U for " + out.to_string() + " at correlation " +
+                                std::to_string(nu) + " must have shape [" + std::to_string(out.dim()) + ", " +
+                                std::to_string(Dn) + ", K]");
+  }
+  SymmetricBasis basis;
+  basis.out = out;
+  basis.nu = nu;
+  basis.in_dim = in_dim;
+  basis.num_basis = U.size(2);
+  // Symmetrised over the input indices: contracting with x ⊗ ... ⊗ x sees
+  // only this part, and fill_monomials reads one ordering per monomial.
+  std::vector<int64_t> shape{out.dim()};
+  for (int k = 0; k < nu; ++k) shape.push_back(in_dim);
+  shape.push_back(basis.num_basis);
+  const at::Tensor u = U.to(at::kCPU, at::kDouble).reshape(shape);
+  at::Tensor sym = at::zeros_like(u);
+  const int nperm = factorial(nu);
+  for (int p = 0; p < nperm; ++p) {
+    std::vector<int64_t> axes = permutation_axes(nu, p);
+    axes.push_back(nu + 1);
+    sym += u.permute(axes);
+  }
+  basis.dense = (sym / nperm).reshape({out.dim(), Dn, basis.num_basis}).contiguous();
+  fill_monomials(basis);
+  return basis;
+}
+
 MonomialTable monomial_table(const Irreps& in, const std::vector<Irrep>& outs, int max_nu) {
+  std::vector<std::vector<const SymmetricBasis*>> bases(outs.size());
+  for (size_t o = 0; o < outs.size(); ++o)
+    for (int nu = 1; nu <= max_nu; ++nu) bases[o].push_back(&symmetric_basis(in, outs[o], nu));
+  return monomial_table(bases, max_nu);
+}
+
+MonomialTable monomial_table(const std::vector<std::vector<const SymmetricBasis*>>& bases, int max_nu) {
+  for (const auto& per_out : bases) {
+    if (per_out.size() != static_cast<size_t>(max_nu)) {
+      throw std::invalid_argument("monomial_table: every output needs one basis per correlation order 1.." + std::to_string(max_nu));
+    }
+  }
   MonomialTable table;
   table.max_nu = max_nu;
   table.monomials.resize(static_cast<size_t>(max_nu));
@@ -208,8 +263,8 @@ MonomialTable monomial_table(const Irreps& in, const std::vector<Irrep>& outs, i
   std::vector<std::set<std::vector<int64_t>>> needed(static_cast<size_t>(max_nu));
   for (int nu = max_nu; nu >= 1; --nu) {
     auto& set = needed[static_cast<size_t>(nu - 1)];
-    for (const auto& out : outs) {
-      const auto& b = symmetric_basis(in, out, nu);
+    for (const auto& per_out : bases) {
+      const auto& b = *per_out[static_cast<size_t>(nu - 1)];
       auto acc = b.monomials.accessor<int64_t, 2>();
       for (int64_t m = 0; m < b.monomials.size(0); ++m) {
         std::vector<int64_t> t;
@@ -246,8 +301,9 @@ MonomialTable monomial_table(const Irreps& in, const std::vector<Irrep>& outs, i
       }
       table.parents[static_cast<size_t>(nu - 1)] = parents;
     }
-    for (const auto& out : outs) {
-      const auto& b = symmetric_basis(in, out, nu);
+    for (const auto& per_out : bases) {
+      const auto& b = *per_out[static_cast<size_t>(nu - 1)];
+      const Irrep& out = b.out;
       table.num_basis[static_cast<size_t>(nu - 1)].push_back(b.num_basis);
       table.out_dims[static_cast<size_t>(nu - 1)].push_back(out.dim());
       if (b.num_basis == 0) {

@@ -13,7 +13,7 @@
 
 namespace crucible::mace {
 
-ConvTensorProduct::ConvTensorProduct(const Irreps& in, int max_ell, const Irreps& target)
+ConvTensorProduct::ConvTensorProduct(const Irreps& in, int max_ell, const Irreps& target, const CouplingSource& coupling)
     : in_(in), target_(target), max_ell_(max_ell) {
   for (const auto* ir : {&in, &target}) {
     for (const auto& t : ir->terms()) {
@@ -34,7 +34,14 @@ ConvTensorProduct::ConvTensorProduct(const Irreps& in, int max_ell, const Irreps
         p.out = o;
         p.target_term = b;
         p.mid_offset = mid_dim_;
-        p.coupling = real_coupling(i1.l, l2, o.l) * std::sqrt(2.0 * o.l + 1.0);
+        at::Tensor c = coupling ? coupling(i1.l, l2, o.l) : real_coupling(i1.l, l2, o.l);
+        if (!c.defined() || c.dim() != 3 || c.size(0) != i1.dim() || c.size(1) != 2 * l2 + 1 || c.size(2) != o.dim()) {
+          throw std::invalid_argument("ConvTensorProduct: the coupling of " + std::to_string(i1.l) + " x " +
+                                      std::to_string(l2) + " -> " + std::to_string(o.l) + " must have shape [" +
+                                      std::to_string(i1.dim()) + ", " + std::to_string(2 * l2 + 1) + ", " +
+                                      std::to_string(o.dim()) + "]");
+        }
+        p.coupling = c.to(at::kCPU, at::kDouble) * std::sqrt(2.0 * o.l + 1.0);
         mid_dim_ += o.dim();
         term_paths_[a].push_back(paths_.size());
         paths_.push_back(p);

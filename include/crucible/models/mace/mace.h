@@ -13,7 +13,10 @@
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
 
+#include <array>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 #include <algorithm>
@@ -36,6 +39,26 @@ struct MaceOptions {
   /// Autograd-only reference path (dense einsums; the fast path is tested
   /// against it to 1e-10). Not a config key. Default false.
   bool reference_autograd = false;
+  /// Where the edge couplings and the product basis come from (not a config
+  /// key; docs/mace_import.md):
+  /// - "crucible" (default): Crucible's harmonics frame, real Clebsch-Gordan
+  ///   couplings and orthonormal product basis;
+  /// - "mace": an imported MACE model. Harmonics of r_receiver − r_sender in
+  ///   e3nn's frame, couplings from the buffers `layer{t}_w3j_{l1}_{l2}_{l3}`
+  ///   (e3nn's wigner_3j blocks; δ/√(2l+1) where an l is 0) and the product
+  ///   basis from the buffers `layer{t}_U_matrix_{irrep}_nu{ν}` [2L+1, D^ν, K]
+  ///   (MACE's U matrices), and the radial basis from the buffers
+  ///   `bessel_weights`, `bessel_prefactor`, `cutoff_r_max`; all filled by
+  ///   the import.
+  std::string basis = "crucible";
+  /// basis "mace": the number K of U-matrix columns per layer, output irrep
+  /// (the layer's output irreps in order) and ν - 1; 0 = no such term.
+  std::vector<std::vector<std::vector<int64_t>>> u_columns;
+  /// Normalisation c of the SiLU between MLP layers (c·silu); 0 = the exact
+  /// value with ∫ (c·silu(z))² φ(z) dz = 1 (mace::normalized_silu_factor).
+  /// An imported MACE model uses e3nn's Monte Carlo estimate (e3nn
+  /// math/_normalize_activation.py: 10^6 float64 normal draws, seed 0).
+  double silu_normalization = 0.0;
 };
 
 /// MACE energy model.
@@ -86,6 +109,8 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   at::Tensor node_energies(const Batch& batch) override;
   const MaceOptions& options() const { return options_; }
   void set_reference_autograd(bool on) { options_.reference_autograd = on; }
+  /// True for an imported MACE model (MaceOptions::basis "mace").
+  bool mace_basis() const { return options_.basis == "mace"; }
 
  private:
   struct Layer {
@@ -93,6 +118,7 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
     std::shared_ptr<mace::ConvTensorProduct> tp;
     std::shared_ptr<mace::MonomialTable> table;
     std::vector<const mace::SymmetricBasis*> bases;  // [out][ν] flattened out·corr + ν-1
+    std::vector<std::shared_ptr<mace::SymmetricBasis>> owned_bases;  // basis "mace": built from the U buffers
     // Fast path, built once: per ν the outputs' coefficient rows stacked
     // (float64, CPU; undefined if none) and the monomial indices.
     std::vector<at::Tensor> stacked_coefficients, monomial_indices;
@@ -126,6 +152,18 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   /// The radial MLP's weights of layer t with their scales folded in.
   std::vector<at::Tensor> radial_mlp_weights(int64_t t) const;
 
+  /// The layer's fast-path tables from its table: stacked coefficient rows
+  /// and monomial indices per ν.
+  static void stack_product_tables(Layer& L);
+  /// basis "mace": registers the U-matrix and w3j buffers of layer t (L).
+  void register_file_tables(const Layer& L, int64_t t, const std::string& prefix);
+  /// basis "mace": rebuilds every layer's coupling and product tables from
+  /// the buffers when their storage or version changed (after a load,
+  /// to(dtype), clone). Called first by atomic_energies.
+  void refresh_file_tables();
+  /// The SiLU normalisation c (MaceOptions::silu_normalization).
+  double silu_factor() const;
+
   MaceOptions options_;
   mace::Irreps hidden_;  // per channel
   int64_t channels_ = 0;
@@ -135,6 +173,17 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   std::vector<std::vector<std::vector<at::Tensor>>> product_weights_;  // [t][out][ν]
   std::vector<std::vector<at::Tensor>> readout_;
   at::Tensor embedding_, e0_, scale_, shift_;
+  // basis "mace": U matrices [t][out][ν-1] (undefined where K = 0) and w3j
+  // blocks per layer keyed by (l1, l2, l3); the buffers' (storage, version)
+  // when the tables were last built.
+  std::vector<std::vector<std::vector<at::Tensor>>> u_matrices_;
+  /// basis "mace": MACE's radial constants as its file stores them (float32
+  /// rounded in a float32 model): Bessel frequencies [num_bessel], prefactor
+  /// and the envelope's r_max [].
+  at::Tensor bessel_weights_, bessel_prefactor_, cutoff_r_max_;
+  std::vector<std::map<std::array<int, 3>, at::Tensor>> w3j_;
+  std::vector<std::pair<const void*, int64_t>> file_tables_signature_;
+  std::shared_ptr<std::mutex> file_tables_mutex_ = std::make_shared<std::mutex>();
 };
 TORCH_MODULE(Mace);
 

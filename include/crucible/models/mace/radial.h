@@ -16,6 +16,14 @@ namespace crucible::mace {
 /// @throws std::invalid_argument if r_max <= 0 or num_basis < 1.
 at::Tensor bessel_basis(const at::Tensor& r, double r_max, int64_t num_basis);
 
+/// The same basis with given frequencies w [K] and prefactor c []:
+/// b_n(r) = c · sin(w_n r) / r (limit c·w_n at r = 0). An imported MACE
+/// model passes its stored `bessel_weights` and `prefactor` buffers, which a
+/// float32 model holds rounded to float32 (MACE evaluates those values).
+/// @returns [E, K] in r's dtype; differentiable in r.
+/// @throws std::invalid_argument if w is not 1-D or c not one value.
+at::Tensor bessel_basis(const at::Tensor& r, const at::Tensor& frequencies, const at::Tensor& prefactor);
+
 /// Polynomial envelope (Gasteiger et al., ICLR 2020, eq. 8; MACE's
 /// PolynomialCutoff) with x = r / r_max:
 ///   f(x) = 1 − (p+1)(p+2)/2 · x^p + p(p+2) · x^(p+1) − p(p+1)/2 · x^(p+2)

@@ -45,6 +45,15 @@ struct SymmetricBasis {
 /// 1..3, `in` has a multiplicity other than 1, or an l above 3.
 const SymmetricBasis& symmetric_basis(const Irreps& in, const Irrep& out, int nu);
 
+/// A basis given as a dense tensor, as an imported MACE model's U matrix
+/// (mace/modules/symmetric_contraction.py, `U_matrix_ν`): U [O, D^ν, K], any
+/// floating dtype (used in float64), input index i1·D^(ν-1) + ... + iν; it
+/// need not be symmetric in the input indices (only its symmetric part
+/// meets x ⊗ ... ⊗ x: `dense` holds that part). No column is dropped or
+/// normalised: K and the weights' meaning are the file's.
+/// @throws std::invalid_argument if ν is outside 1..3 or U has another shape.
+SymmetricBasis symmetric_basis_from_dense(const Irrep& out, int nu, int64_t in_dim, const at::Tensor& U);
+
 /// Reference path (dense U, autograd only): for one output irrep,
 ///   y[n, o, c] = Σ_ν Σ_k W_ν[n, k, c] Σ_{i..} U_ν[o, i.., k] x[n, i1, c] ... x[n, iν, c].
 /// x [N, D, C]; weights[ν-1] [N, K_ν, C] (the node's element row, any K_ν may
@@ -74,6 +83,11 @@ struct MonomialTable {
 /// Builds the shared table for the output irreps `outs` up to `max_nu`
 /// (the product block of one layer). @throws as symmetric_basis.
 MonomialTable monomial_table(const Irreps& in, const std::vector<Irrep>& outs, int max_nu);
+
+/// The same table for given bases: bases[out][ν-1] for ν = 1..max_nu (all of
+/// one input space; a basis with K = 0 contributes nothing).
+/// @throws std::invalid_argument if an output lacks a degree.
+MonomialTable monomial_table(const std::vector<std::vector<const SymmetricBasis*>>& bases, int max_nu);
 
 /// Fast path: all output irreps of one layer, as a few dense products:
 /// monomials M_ν [N, M_ν, C] built by one multiplication each from M_{ν-1},

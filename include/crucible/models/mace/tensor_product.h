@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -35,9 +36,16 @@ struct TensorProductPath {
 /// (components of all irreps of a channel along D, channels along C).
 class ConvTensorProduct {
  public:
+  /// The unit-norm coupling of l1 ⊗ l2 → l3, [2l1+1, 2l2+1, 2l3+1] float64.
+  using CouplingSource = std::function<at::Tensor(int l1, int l2, int l3)>;
+
+  /// `coupling` gives each path's coupling before the √(2 l3 + 1) factor;
+  /// empty = real_coupling (clebsch_gordan.h, Crucible's frame). An imported
+  /// MACE model passes e3nn's blocks from its file (docs/mace_import.md).
   /// @throws std::invalid_argument if an irreps has a multiplicity other
-  ///         than 1 or no path reaches `target`.
-  ConvTensorProduct(const Irreps& in, int max_ell, const Irreps& target);
+  ///         than 1, no path reaches `target`, or a given coupling has the
+  ///         wrong shape.
+  ConvTensorProduct(const Irreps& in, int max_ell, const Irreps& target, const CouplingSource& coupling = {});
 
   const std::vector<TensorProductPath>& paths() const { return paths_; }
   int64_t num_paths() const { return static_cast<int64_t>(paths_.size()); }

@@ -1,0 +1,80 @@
+// `crucible import mace` (issue 46): a MACE model file → a Crucible run
+// directory (model.pt + model.json with its origin). The conversion itself
+// is the library's (crucible/models/mace/mace_import.h).
+
+#include "crucible/checkpoint/sha256.h"
+#include "crucible/cli/commands.h"
+#include "crucible/cli/model_io.h"
+#include "crucible/common/error.h"
+#include "crucible/common/dtype_names.h"
+#include "crucible/models/mace/mace_import.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+namespace crucible {
+
+void run_import_mace(const ImportMaceRequest& req, std::ostream& out) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(req.file)) throw DataError(req.file + ": MACE model file does not exist");
+  if (fs::exists(req.out_dir) && !(fs::is_directory(req.out_dir) && fs::is_empty(req.out_dir))) {
+    throw ConfigError("--out " + req.out_dir + " exists and is not an empty directory (nothing was written; choose a new one)");
+  }
+  MaceFile file;
+  if (req.hyperparameters.empty()) {
+    try {
+      file = read_mace_torchscript(req.file);
+    } catch (const DataError& e) {
+      throw DataError(std::string(e.what()) +
+                      ". A .pt state_dict needs --hyperparameters JSON; a pickled .model needs MACE's Python "
+                      "package: python3 -m crucible.mace_to_pt MODEL OUT.pt");
+    }
+  } else {
+    file = read_mace_state_dict(req.file, req.hyperparameters);
+  }
+  ImportedMace imp = import_mace(file);
+  // A runnable file: MACE's own module and the import must agree before
+  // anything is written (float64 both; rounding differences are ~1e-14).
+  std::string probe_line;
+  if (file.script) {
+    const ProbeResult p = probe_against_torchscript(file, *imp.model);
+    if (!(p.energy <= 1e-9) || !(p.forces <= 1e-8)) {
+      throw DataError(req.file + fmt::format(": the imported model differs from MACE's own module on the probe structure "
+                                             "({} atoms, {} edges): energy {:.2e}, forces {:.2e} relative; nothing was "
+                                             "written (please report this file)",
+                                             p.atoms, p.edges, p.energy, p.forces));
+    }
+    probe_line = fmt::format("  probe ({} atoms, {} edges, float64): energy {:.1e}, forces {:.1e} relative to MACE's own module\n",
+                             p.atoms, p.edges, p.energy, p.forces);
+  }
+  ModelMetadata meta;
+  meta.model_type = "mace";
+  meta.dtype = dtype_name(imp.dtype);
+  meta.atomic_numbers = imp.model->elements();
+  meta.e0 = imp.e0;
+  meta.e0_source = "MACE file";
+  meta.scale = imp.scale;
+  meta.shift = imp.shift;
+  meta.origin = imp.origin;
+  std::ifstream in(req.file, std::ios::binary);
+  meta.origin["sha256"] = sha256_hex(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+  meta.origin["file"] = fs::absolute(req.file).string();
+  if (!req.hyperparameters.empty()) meta.origin["hyperparameters_file"] = fs::absolute(req.hyperparameters).string();
+  fs::create_directories(req.out_dir);
+  save_model(req.out_dir, *imp.model, meta);
+  int64_t params = 0;
+  for (const auto& p : imp.model->parameters()) params += p.numel();
+  const auto& o = imp.model->options();
+  out << fmt::format("imported {} ({}, MACE {}) into {}\n", req.file, file.format,
+                     meta.origin.value("mace_version", std::string("version unknown")), req.out_dir);
+  out << fmt::format("  {} interactions, hidden {}, max_ell {}, correlation {}, r_max {} Å, {} parameters, {}\n",
+                     o.num_interactions, o.hidden_irreps, o.max_ell, o.correlation, o.cutoff, params, meta.dtype);
+  out << probe_line;
+  out << "  U matrices and Clebsch-Gordan blocks taken from the file; next: crucible evaluate --model " << req.out_dir
+      << " --data FILE.xyz\n";
+}
+
+}  // namespace crucible

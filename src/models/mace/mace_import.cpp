@@ -1,0 +1,487 @@
+// A MACE model file as a Crucible MACE model (issue 46). The weight layouts
+// are tabled in docs/mace_import.md; e3nn's conventions come from its
+// o3/_linear.py (per-instruction [mul_in, mul_out] blocks),
+// o3/_tensor_product (uvw blocks [mul1, mul2, mul_out]) and MACE's
+// modules/irreps_tools.py (tp_out_irreps_with_instructions: the edge tensor
+// product's outputs sorted by irrep, stably).
+
+#include "crucible/models/mace/mace_import.h"
+#include "crucible/common/error.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+namespace crucible {
+namespace {
+
+using mace::Irrep;
+using mace::Irreps;
+
+/// Hyper-parameter keys and the value Crucible needs (what it can represent).
+struct Fixed {
+  const char* key;
+  nlohmann::json expected;  ///< the only accepted value (null = absent/None too)
+  const char* what;         ///< what Crucible lacks otherwise
+};
+
+const std::vector<Fixed>& fixed_keys() {
+  static const std::vector<Fixed> keys = {
+      {"edge_irreps", nullptr, "edge_irreps (a separate edge irreps)"},
+      {"use_reduced_cg", false, "use_reduced_cg (the reduced Clebsch-Gordan basis)"},
+      {"use_so3", false, "use_so3 (SO(3) instead of O(3) irreps)"},
+      {"use_agnostic_product", false, "use_agnostic_product (an element-agnostic product basis)"},
+      {"use_last_readout_only", false, "use_last_readout_only (energy from the last readout only)"},
+      {"use_embedding_readout", false, "use_embedding_readout (a readout of the embedding)"},
+      {"cueq_config", nullptr, "cueq_config (cuEquivariance weight layout; export the model without cuEquivariance)"},
+      {"oeq_config", nullptr, "oeq_config (OpenEquivariance weight layout)"},
+      {"distance_transform", nullptr, "distance_transform (Agnesi / Soft distance transforms)"},
+      {"radial_type", "bessel", "radial_type other than bessel"},
+      {"gate", "silu", "a gate other than silu"},
+      {"pair_repulsion", false,
+       "pair_repulsion (MACE's ZBL pair term; not imported yet: export the model without it)"},
+      {"apply_cutoff", true, "apply_cutoff false"},
+      {"les_arguments", nullptr, "LES (latent Ewald summation)"},
+      {"embedding_specs", nullptr, "embedding_specs (extra node embeddings)"},
+  };
+  return keys;
+}
+
+/// Keys read (or only informational) for a model Crucible represents.
+const std::set<std::string>& understood_keys() {
+  static const std::set<std::string> keys = {
+      // read
+      "r_max", "num_bessel", "num_polynomial_cutoff", "max_ell", "interaction_cls", "interaction_cls_first",
+      "num_interactions", "num_elements", "hidden_irreps", "MLP_irreps", "atomic_energies", "avg_num_neighbors",
+      "atomic_numbers", "correlation", "radial_MLP", "atomic_inter_scale", "atomic_inter_shift", "heads",
+      "readout_cls", "model_class", "cutoff_fn_p", "spherical_harmonics", "versions",
+      // informational (the fixture JSON and python3 -m crucible.mace_to_pt write them)
+      "name", "model_dtype", "num_parameters", "avg_num_neighbors_per_interaction", "atomic_energies_by_Z", "scale",
+      "shift", "interaction_classes", "product_classes", "readout_classes", "correlation_per_product",
+      "interaction_target_irreps", "interaction_hidden_irreps", "product_irreps_out", "readout_irreps_in",
+      "radial_basis", "cutoff_fn", "units", "training", "interaction_cls_module", "interaction_cls_first_module",
+      "readout_cls_module"};
+  return keys;
+}
+
+bool is_none(const nlohmann::json& v) {
+  return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_string() && v.get<std::string>() == "None") ||
+         (v.is_array() && v.empty()) || (v.is_object() && v.empty());
+}
+
+class Importer {
+ public:
+  explicit Importer(const MaceFile& f) : f_(f), hp_(f.hyperparameters) {}
+
+  ImportedMace run();
+
+ private:
+  [[noreturn]] void refuse(const std::string& what) const {
+    throw DataError(f_.path + ": " + what);
+  }
+  const nlohmann::json& need(const std::string& key) const {
+    if (!hp_.contains(key) || hp_.at(key).is_null()) refuse("the hyper-parameters lack '" + key + "'");
+    return hp_.at(key);
+  }
+  int64_t need_int(const std::string& key) const {
+    const auto& v = need(key);
+    if (!v.is_number()) refuse("hyper-parameter '" + key + "' must be a number, got " + v.dump());
+    const double d = v.get<double>();
+    if (d != std::floor(d)) refuse("hyper-parameter '" + key + "' must be an integer, got " + v.dump());
+    return static_cast<int64_t>(d);
+  }
+  double need_number(const std::string& key) const {
+    const auto& v = need(key);
+    if (!v.is_number()) refuse("hyper-parameter '" + key + "' must be a number, got " + v.dump());
+    return v.get<double>();
+  }
+  /// A number, or a list whose entries must all be equal (per layer / head).
+  double one_value(const std::string& key, const std::string& what) const {
+    const auto& v = need(key);
+    if (v.is_number()) return v.get<double>();
+    if (!v.is_array() || v.empty()) refuse("hyper-parameter '" + key + "' must be a number or a list of numbers, got " + v.dump());
+    for (const auto& x : v) {
+      if (!x.is_number()) refuse("hyper-parameter '" + key + "' must be a number or a list of numbers, got " + v.dump());
+      if (x.get<double>() != v[0].get<double>()) refuse(key + " differs between " + what + " (" + v.dump() + "): Crucible's MACE has one value");
+    }
+    return v[0].get<double>();
+  }
+  at::Tensor take(const std::string& name, std::vector<int64_t> numel_shape) {
+    auto it = f_.tensors.find(name);
+    if (it == f_.tensors.end()) refuse("tensor '" + name + "' is missing");
+    used_.insert(name);
+    const at::Tensor& t = it->second;
+    const int64_t n = std::accumulate(numel_shape.begin(), numel_shape.end(), int64_t{1}, std::multiplies<int64_t>());
+    if (t.numel() != n) {
+      std::ostringstream os;
+      os << "tensor '" << name << "' has shape " << t.sizes() << ", expected " << n << " numbers " << at::IntArrayRef(numel_shape);
+      refuse(os.str());
+    }
+    return t.reshape(numel_shape);
+  }
+  void check_hyperparameters();
+  void build_options();
+  void copy_weights(MaceImpl& model);
+  /// The value of Crucible's tensor `name` (copied into the model at the end).
+  void set(const std::string& name, const at::Tensor& value);
+
+  const MaceFile& f_;
+  const nlohmann::json& hp_;
+  std::set<std::string> used_;
+  std::map<std::string, at::Tensor> values_;  // Crucible name → value
+  MaceOptions o_;
+  int64_t C_ = 0, nE_ = 0;
+};
+
+void Importer::check_hyperparameters() {
+  for (const auto& [key, value] : hp_.items()) {
+    if (understood_keys().count(key)) continue;
+    bool fixed = false;
+    for (const auto& k : fixed_keys()) fixed = fixed || key == k.key;
+    if (!fixed && !is_none(value)) {
+      refuse("hyper-parameter '" + key + "' = " + value.dump() + " is not understood by the import (Crucible's MACE lacks it)");
+    }
+  }
+  for (const auto& k : fixed_keys()) {
+    if (!hp_.contains(k.key)) continue;
+    const auto& v = hp_.at(k.key);
+    const bool ok = k.expected.is_null() ? is_none(v) : (v == k.expected || (k.expected == false && is_none(v)));
+    if (!ok) refuse("Crucible's MACE lacks " + std::string(k.what) + " (" + k.key + " = " + v.dump() + ")");
+  }
+  auto cls = [&](const std::string& key, const std::vector<std::string>& allowed, const std::string& dflt) {
+    const std::string v = hp_.contains(key) && hp_.at(key).is_string() ? hp_.at(key).get<std::string>() : dflt;
+    if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      refuse("Crucible's MACE lacks " + key + " " + v + " (it has " + allowed[0] + ")");
+    }
+  };
+  cls("interaction_cls_first", {"RealAgnosticInteractionBlock"}, "");
+  cls("interaction_cls", {"RealAgnosticResidualInteractionBlock"}, "");
+  cls("readout_cls", {"NonLinearReadoutBlock"}, "NonLinearReadoutBlock");
+  cls("model_class", {"ScaleShiftMACE", "MACE"}, "ScaleShiftMACE");
+  if (hp_.contains("heads") && hp_.at("heads").is_array() && hp_.at("heads").size() > 1) {
+    refuse("Crucible's MACE lacks multiple heads (heads = " + hp_.at("heads").dump() + "): select one head in MACE first");
+  }
+  if (hp_.contains("spherical_harmonics") && hp_.at("spherical_harmonics").is_object()) {
+    const auto& sh = hp_.at("spherical_harmonics");
+    if (sh.value("normalize", true) != true || sh.value("normalization", std::string("component")) != "component") {
+      refuse("Crucible's MACE lacks spherical harmonics other than normalize=True, normalization='component' (" + sh.dump() + ")");
+    }
+  }
+}
+
+void Importer::build_options() {
+  o_.basis = "mace";
+  o_.cutoff = need_number("r_max");
+  o_.num_bessel = need_int("num_bessel");
+  o_.num_polynomial_cutoff = need_int("num_polynomial_cutoff");
+  if (hp_.contains("cutoff_fn_p") && hp_.at("cutoff_fn_p").is_number() &&
+      hp_.at("cutoff_fn_p").get<double>() != static_cast<double>(o_.num_polynomial_cutoff)) {
+    refuse("cutoff_fn_p = " + hp_.at("cutoff_fn_p").dump() + " differs from num_polynomial_cutoff");
+  }
+  o_.max_ell = static_cast<int>(need_int("max_ell"));
+  o_.num_interactions = need_int("num_interactions");
+  if (o_.num_interactions < 2) {
+    refuse("Crucible's MACE lacks a model with num_interactions = " + std::to_string(o_.num_interactions) + " (it needs >= 2)");
+  }
+  o_.correlation = static_cast<int>(one_value("correlation", "products"));
+  o_.avg_num_neighbors = one_value("avg_num_neighbors", "interactions");
+  for (double a : f_.avg_num_neighbors) {
+    if (a != o_.avg_num_neighbors) refuse("avg_num_neighbors differs between interaction blocks: Crucible's MACE has one value");
+  }
+  if (!f_.avg_num_neighbors.empty()) o_.avg_num_neighbors = f_.avg_num_neighbors[0];
+  const auto& mlp = need("radial_MLP");
+  if (!mlp.is_array()) refuse("hyper-parameter 'radial_MLP' must be a list of widths, got " + mlp.dump());
+  o_.radial_mlp = mlp.get<std::vector<int64_t>>();
+  o_.hidden_irreps = need("hidden_irreps").get<std::string>();
+  const Irreps hidden = Irreps::parse(o_.hidden_irreps, 3);
+  if (hidden.size() == 0 || hidden.terms()[0].irrep != Irrep{0, 1}) {
+    refuse("hidden_irreps '" + o_.hidden_irreps + "' must start with 0e (MACE's last layer keeps hidden_irreps[0])");
+  }
+  C_ = hidden.terms()[0].mul;
+  const Irreps mlp_irreps = Irreps::parse(need("MLP_irreps").get<std::string>(), 0);
+  if (mlp_irreps.size() != 1 || mlp_irreps.terms()[0].irrep != Irrep{0, 1}) {
+    refuse("Crucible's MACE lacks MLP_irreps other than scalars (" + need("MLP_irreps").dump() + ")");
+  }
+  o_.readout_mlp = mlp_irreps.terms()[0].mul;
+  const auto& z = need("atomic_numbers");
+  if (!z.is_array()) refuse("hyper-parameter 'atomic_numbers' must be a list, got " + z.dump());
+  o_.atomic_numbers = z.get<std::vector<int64_t>>();
+  if (!std::is_sorted(o_.atomic_numbers.begin(), o_.atomic_numbers.end())) {
+    refuse("atomic_numbers " + z.dump() + " are not ascending (Crucible's element order)");
+  }
+  nE_ = static_cast<int64_t>(o_.atomic_numbers.size());
+  if (hp_.contains("num_elements") && hp_.at("num_elements").is_number() && hp_.at("num_elements").get<int64_t>() != nE_) {
+    refuse("num_elements = " + hp_.at("num_elements").dump() + " but atomic_numbers lists " + std::to_string(nE_));
+  }
+  // The U matrices' column counts, per layer and output irrep (the last
+  // layer: 0e only), from the file.
+  o_.u_columns.assign(static_cast<size_t>(o_.num_interactions), {});
+  for (int64_t t = 0; t < o_.num_interactions; ++t) {
+    const size_t outs = t + 1 == o_.num_interactions ? 1 : hidden.size();
+    for (size_t b = 0; b < outs; ++b) {
+      std::vector<int64_t> per_nu;
+      for (int nu = 1; nu <= o_.correlation; ++nu) {
+        const std::string name = "products." + std::to_string(t) + ".symmetric_contractions.contractions." +
+                                 std::to_string(b) + ".U_matrix_" + std::to_string(nu);
+        auto it = f_.tensors.find(name);
+        if (it == f_.tensors.end()) refuse("tensor '" + name + "' is missing (the product basis of layer " + std::to_string(t) + ")");
+        per_nu.push_back(it->second.dim() == 0 ? 0 : it->second.size(-1));
+      }
+      o_.u_columns[static_cast<size_t>(t)].push_back(per_nu);
+    }
+  }
+  o_.silu_normalization = e3nn_silu_normalization();
+}
+
+void Importer::set(const std::string& name, const at::Tensor& value) { values_[name] = value; }
+
+void Importer::copy_weights(MaceImpl& model) {
+  const double r_max = o_.cutoff;
+  // The radial constants as stored (float32-rounded in a float32 model,
+  // which MACE then evaluates as they are); checked against r_max.
+  const at::Tensor w = take("radial_embedding.bessel_fn.bessel_weights", {o_.num_bessel});
+  const at::Tensor expect = at::arange(1, o_.num_bessel + 1, at::kDouble) * (3.14159265358979323846 / r_max);
+  if (!at::allclose(w.to(at::kDouble), expect, 1e-6, 0.0)) {
+    refuse("radial_embedding.bessel_fn.bessel_weights differ from n·π/r_max (trained Bessel frequencies): Crucible's MACE lacks them");
+  }
+  set("bessel_weights", w);
+  const at::Tensor prefactor = take("radial_embedding.bessel_fn.prefactor", {});
+  if (std::abs(prefactor.item<double>() - std::sqrt(2.0 / r_max)) > 1e-6 * std::sqrt(2.0 / r_max)) {
+    refuse("radial_embedding.bessel_fn.prefactor differs from sqrt(2/r_max)");
+  }
+  set("bessel_prefactor", prefactor);
+  const at::Tensor envelope_r_max = take("radial_embedding.cutoff_fn.r_max", {});
+  if (std::abs(envelope_r_max.item<double>() - r_max) > 1e-6 * r_max) refuse("radial_embedding.cutoff_fn.r_max differs from r_max");
+  set("cutoff_r_max", envelope_r_max);
+  if (take("radial_embedding.cutoff_fn.p", {}).item<double>() != static_cast<double>(o_.num_polynomial_cutoff)) {
+    refuse("radial_embedding.cutoff_fn.p differs from num_polynomial_cutoff");
+  }
+  for (const char* name : {"r_max", "radial_embedding.bessel_fn.r_max"}) {
+    if (f_.tensors.count(name) && std::abs(take(name, {}).item<double>() - r_max) > 1e-6 * r_max) {
+      refuse(std::string(name) + " differs from r_max");
+    }
+  }
+  if (f_.tensors.count("num_interactions") && take("num_interactions", {}).item<int64_t>() != o_.num_interactions) {
+    refuse("num_interactions tensor differs from the hyper-parameter");
+  }
+  if (f_.tensors.count("atomic_numbers")) {
+    const at::Tensor z = take("atomic_numbers", {nE_}).to(at::kLong);
+    for (int64_t k = 0; k < nE_; ++k)
+      if (z[k].item<int64_t>() != o_.atomic_numbers[static_cast<size_t>(k)]) refuse("atomic_numbers tensor differs from the hyper-parameter");
+  }
+
+  const int64_t C = C_, nE = nE_;
+  set("embedding", take("node_embedding.linear.weight", {nE, C}));
+  const Irreps hidden = Irreps::parse(o_.hidden_irreps, 3);
+  const int64_t T = o_.num_interactions;
+  for (int64_t t = 0; t < T; ++t) {
+    const std::string in = "interactions." + std::to_string(t) + ".", pr = "products." + std::to_string(t) + ".";
+    const std::string p = "layer" + std::to_string(t) + "_";
+    // The layer's irreps as MaceImpl builds them.
+    std::vector<Irrep> node, target, out;
+    if (t == 0) node = {Irrep{0, 1}};
+    else for (const auto& term : hidden.terms()) node.push_back(term.irrep);
+    for (int l = 0; l <= o_.max_ell; ++l) target.push_back(Irrep{l, l % 2 ? -1 : 1});
+    if (t == T - 1) out = {Irrep{0, 1}};
+    else for (const auto& term : hidden.terms()) out.push_back(term.irrep);
+
+    // linear_up: one [C, C] block per node irrep.
+    const at::Tensor up = take(in + "linear_up.weight", {static_cast<int64_t>(node.size()), C, C});
+    for (size_t a = 0; a < node.size(); ++a) set(p + "linear_up_" + node[a].to_string(), up[static_cast<int64_t>(a)]);
+
+    // The edge tensor product's paths in Crucible's order (input, harmonic,
+    // output) and MACE's slot of each (outputs sorted by irrep, stably).
+    struct Path { size_t in_term; int l2; Irrep out; size_t target_term; };
+    std::vector<Path> paths;
+    for (size_t a = 0; a < node.size(); ++a)
+      for (int l2 = 0; l2 <= o_.max_ell; ++l2)
+        for (size_t b = 0; b < target.size(); ++b) {
+          const Irrep& ir = target[b];
+          if (ir.l < std::abs(node[a].l - l2) || ir.l > node[a].l + l2 || ir.parity != node[a].parity * (l2 % 2 ? -1 : 1)) continue;
+          paths.push_back({a, l2, ir, b});
+        }
+    std::vector<size_t> order(paths.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+      return std::make_pair(paths[x].out.l, paths[x].out.parity) < std::make_pair(paths[y].out.l, paths[y].out.parity);
+    });
+    std::vector<int64_t> slot(paths.size());
+    for (size_t s = 0; s < order.size(); ++s) slot[order[s]] = static_cast<int64_t>(s);
+    const int64_t P = static_cast<int64_t>(paths.size());
+
+    // Radial MLP: [in, out] per layer; the last layer's column blocks from
+    // MACE's slots to Crucible's paths.
+    std::vector<int64_t> widths{o_.num_bessel};
+    for (int64_t w : o_.radial_mlp) widths.push_back(w);
+    widths.push_back(P * C);
+    for (size_t k = 0; k + 1 < widths.size(); ++k) {
+      at::Tensor w = take(in + "conv_tp_weights.layer" + std::to_string(k) + ".weight", {widths[k], widths[k + 1]});
+      if (k + 2 == widths.size()) {
+        std::vector<int64_t> cols;
+        for (int64_t q = 0; q < P; ++q)
+          for (int64_t c = 0; c < C; ++c) cols.push_back(slot[static_cast<size_t>(q)] * C + c);
+        w = w.index_select(1, at::tensor(cols, at::kLong));
+      }
+      set(p + "radial_" + std::to_string(k), w);
+    }
+    // linear (messages → target): per target irrep with paths, [P_b·C, C].
+    {
+      const int64_t rows = P * C;
+      const at::Tensor lin = take(in + "linear.weight", {rows * C});
+      int64_t off = 0;
+      for (size_t b = 0; b < target.size(); ++b) {
+        int64_t pb = 0;
+        for (const auto& path : paths) pb += path.target_term == b ? 1 : 0;
+        if (pb == 0) continue;
+        set(p + "linear_" + target[b].to_string(), lin.narrow(0, off, pb * C * C).view({pb * C, C}));
+        off += pb * C * C;
+      }
+    }
+    // skip_tp: per matching (input irrep → output irrep) a [C, nE, C] block.
+    {
+      const std::vector<Irrep>& from = t == 0 ? target : node;
+      const std::vector<Irrep>& to = t == 0 ? target : out;
+      std::vector<std::pair<size_t, Irrep>> blocks;
+      for (size_t a = 0; a < from.size(); ++a)
+        for (size_t b = 0; b < to.size(); ++b)
+          if (from[a] == to[b]) blocks.emplace_back(b, to[b]);
+      const at::Tensor skip = take(in + "skip_tp.weight", {static_cast<int64_t>(blocks.size()), C, nE, C});
+      for (size_t k = 0; k < blocks.size(); ++k)
+        set(p + "skip_" + blocks[k].second.to_string(), skip[static_cast<int64_t>(k)].permute({1, 0, 2}));
+    }
+    // Clebsch-Gordan blocks of the paths without an l = 0.
+    for (const auto& path : paths) {
+      const int l1 = node[path.in_term].l, l2 = path.l2, l3 = path.out.l;
+      if (l1 == 0 || l2 == 0 || l3 == 0) continue;
+      const std::string key = std::to_string(l1) + "_" + std::to_string(l2) + "_" + std::to_string(l3);
+      if (values_.count(p + "w3j_" + key)) continue;
+      set(p + "w3j_" + key, take(in + "conv_tp._compiled_main_left_right._w3j_" + key, {2 * l1 + 1, 2 * l2 + 1, 2 * l3 + 1}));
+    }
+    // Product basis: per output irrep its U matrices and weights.
+    const int64_t D = (o_.max_ell + 1) * (o_.max_ell + 1);
+    for (size_t b = 0; b < out.size(); ++b) {
+      const std::string sc = pr + "symmetric_contractions.contractions." + std::to_string(b) + ".";
+      int64_t Dn = 1;
+      for (int nu = 1; nu <= o_.correlation; ++nu) {
+        Dn *= D;
+        const int64_t K = o_.u_columns[static_cast<size_t>(t)][b][static_cast<size_t>(nu - 1)];
+        const std::string wname = nu == o_.correlation ? sc + "weights_max" : sc + "weights." + std::to_string(o_.correlation - 1 - nu);
+        const std::string zname = nu == o_.correlation ? sc + "weights_max_zeroed" : sc + "weights_" + std::to_string(o_.correlation - 1 - nu) + "_zeroed";
+        if (f_.tensors.count(zname) && take(zname, {}).item<bool>()) {
+          refuse("tensor '" + zname + "' is true (a pruned product path): Crucible's MACE lacks pruned paths");
+        }
+        const at::Tensor U = take(sc + "U_matrix_" + std::to_string(nu), {out[b].dim(), Dn, K});
+        const at::Tensor W = take(wname, {nE, K, C});
+        if (K == 0) continue;
+        set(p + "U_matrix_" + out[b].to_string() + "_nu" + std::to_string(nu), U);
+        set(p + "product_" + out[b].to_string() + "_nu" + std::to_string(nu), W);
+      }
+    }
+    const at::Tensor plin = take(pr + "linear.weight", {static_cast<int64_t>(out.size()), C, C});
+    for (size_t b = 0; b < out.size(); ++b) set(p + "product_linear_" + out[b].to_string(), plin[static_cast<int64_t>(b)]);
+    // Readouts.
+    const std::string ro = "readouts." + std::to_string(t) + ".";
+    if (t < T - 1) {
+      set(p + "readout", take(ro + "linear.weight", {C, 1}));
+    } else {
+      set(p + "readout_mlp_0", take(ro + "linear_1.weight", {C, o_.readout_mlp}));
+      set(p + "readout_mlp_1", take(ro + "linear_2.weight", {o_.readout_mlp, 1}));
+    }
+  }
+  // Everything of the file is used or bookkeeping; anything else is a
+  // feature Crucible lacks.
+  for (const auto& [name, t] : f_.tensors) {
+    if (used_.count(name)) continue;
+    auto ends_with = [&name](const std::string& tail) {
+      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    const bool empty_bias = ends_with(".bias") && t.numel() == 0;
+    const bool mask = ends_with(".output_mask");
+    const bool tp_weight = ends_with(".conv_tp.weight") && t.numel() == 0;
+    const bool energies = name == "atomic_energies_fn.atomic_energies" || name.rfind("scale_shift.", 0) == 0;
+    if (empty_bias || mask || tp_weight || energies) continue;
+    refuse("tensor '" + name + "' is not understood by the import (a MACE feature Crucible's MACE lacks)");
+  }
+  // Into the model, checking every name and shape.
+  at::NoGradGuard no_grad;
+  std::set<std::string> filled;
+  for (auto& item : model.named_parameters(/*recurse=*/false)) {
+    auto it = values_.find(item.key());
+    if (it == values_.end()) refuse("no MACE tensor for Crucible's parameter '" + item.key() + "' (an import bug)");
+    item.value().copy_(it->second.reshape(item.value().sizes()));
+    filled.insert(item.key());
+  }
+  for (auto& item : model.named_buffers(/*recurse=*/false)) {
+    auto it = values_.find(item.key());
+    if (it == values_.end()) continue;  // e0 / scale / shift: set_energy_normalization
+    item.value().copy_(it->second.reshape(item.value().sizes()));
+    filled.insert(item.key());
+  }
+  for (const auto& [name, v] : values_)
+    if (!filled.count(name)) refuse("Crucible's MACE has no tensor '" + name + "' (an import bug)");
+}
+
+ImportedMace Importer::run() {
+  check_hyperparameters();
+  build_options();
+  // The file's dtype: its node embedding's.
+  auto emb = f_.tensors.find("node_embedding.linear.weight");
+  if (emb == f_.tensors.end()) refuse("tensor 'node_embedding.linear.weight' is missing (not a MACE model?)");
+  ImportedMace r;
+  r.dtype = emb->second.scalar_type();
+  if (r.dtype != at::kFloat && r.dtype != at::kDouble) refuse("the weights must be float32 or float64");
+  try {
+    r.model = std::make_shared<MaceImpl>(o_);
+  } catch (const std::invalid_argument& e) {
+    refuse(std::string("cannot build Crucible's MACE: ") + e.what());
+  }
+  r.model->to(r.dtype);
+  copy_weights(*r.model);
+  // E0s, scale, shift.
+  at::Tensor e0s = f_.tensors.count("atomic_energies_fn.atomic_energies")
+                       ? f_.tensors.at("atomic_energies_fn.atomic_energies").to(at::kDouble).reshape({-1})
+                       : at::Tensor();
+  if (!e0s.defined() || e0s.numel() != nE_) refuse("atomic_energies_fn.atomic_energies must hold one E0 per element (one head)");
+  at::Tensor e0 = at::zeros({119}, at::kDouble);
+  for (int64_t k = 0; k < nE_; ++k) {
+    const int64_t z = o_.atomic_numbers[static_cast<size_t>(k)];
+    r.e0[z] = e0s[k].item<double>();
+    e0[z] = r.e0[z];
+  }
+  auto scalar = [&](const std::string& name, double dflt) {
+    auto it = f_.tensors.find(name);
+    if (it == f_.tensors.end()) return dflt;
+    if (it->second.numel() != 1) refuse("tensor '" + name + "' must hold one value (one head)");
+    return it->second.to(at::kDouble).item<double>();
+  };
+  r.scale = scalar("scale_shift.scale", 1.0);
+  r.shift = scalar("scale_shift.shift", 0.0);
+  r.model->set_energy_normalization(e0.to(r.dtype), r.scale, r.shift);
+  r.model->eval();
+  r.origin = {{"format", "mace"}, {"reader", f_.format}, {"file", f_.path}, {"hyperparameters", hp_}};
+  if (hp_.contains("versions") && hp_.at("versions").is_object() && hp_.at("versions").contains("mace")) {
+    r.origin["mace_version"] = hp_.at("versions").at("mace");
+  }
+  return r;
+}
+
+}  // namespace
+
+double e3nn_silu_normalization() {
+  static const double value = [] {
+    at::NoGradGuard no_grad;
+    at::Generator gen = at::detail::createCPUGenerator(0);
+    const at::Tensor z = at::randn({1000000}, gen, at::TensorOptions().dtype(at::kDouble));
+    return at::silu(z).pow(2).mean().pow(-0.5).item<double>();
+  }();
+  return value;
+}
+
+ImportedMace import_mace(const MaceFile& file) { return Importer(file).run(); }
+
+}  // namespace crucible
