@@ -4,12 +4,17 @@
     calc = crucible.Calculator("runs/default")        # an ASE calculator
     model = crucible.load_model("runs/default")       # metadata and compute()
     crucible.empty_cache()    # the memory kept between calls back to the system
+    crucible.import_mace("MACE_compiled.model", "", "runs/mace")   # a MACE model as a run directory
+
+A pickled MACE .model: python3 -m crucible.mace_to_pt MODEL OUT.pt --import RUN_DIR
+(needs MACE's Python package).
 
 Put build/python on PYTHONPATH (README). Energies in eV, forces in eV/Å,
 stress in eV/Å^3 with ASE's sign convention.
 """
 from ._crucible import Model as _Model
 from ._crucible import empty_cache
+from ._crucible import import_mace
 from .calculator import Calculator
 
 
@@ -23,4 +28,4 @@ def load_model(path, dtype="float64"):
     return _Model(str(path), dtype)
 
 
-__all__ = ["Calculator", "empty_cache", "load_model"]
+__all__ = ["Calculator", "empty_cache", "import_mace", "load_model"]

@@ -60,7 +60,7 @@ void run_import_mace(const ImportMaceRequest& req, std::ostream& out) {
   meta.shift = imp.shift;
   meta.origin = imp.origin;
   std::ifstream in(req.file, std::ios::binary);
-  meta.origin["sha256"] = sha256_hex(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+  meta.origin["sha256"] = checkpoint::sha256_hex(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
   meta.origin["file"] = fs::absolute(req.file).string();
   if (!req.hyperparameters.empty()) meta.origin["hyperparameters_file"] = fs::absolute(req.hyperparameters).string();
   fs::create_directories(req.out_dir);

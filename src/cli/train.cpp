@@ -2,6 +2,7 @@
 
 #include "crucible/common/dtype_names.h"
 #include "crucible/cli/commands.h"
+#include "crucible/cli/fine_tuning.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/cli/learning_curve.h"
 #include "crucible/cli/metrics_log.h"
@@ -433,7 +434,16 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   out << fmt::format("  elements   {}\n", elem_text);
   out << fmt::format("  E0 (eV)    {} ({})\n", e0_text, setup.e0_source);
   out << fmt::format("  scale      {:.6g} eV, shift {:.6g} eV/atom\n", scale, shift);
-  {
+  if (is_imported_model(*setup.model)) {
+    // Issue 46: the architecture is the imported source's, not the config's keys.
+    nlohmann::json h = model_factory(config.model.type).to_json(*setup.model);
+    h.erase("u_columns");
+    h.erase("atomic_numbers");
+    std::string keys;
+    for (const auto& [k, v] : h.items()) keys += fmt::format("{}{} {}", keys.empty() ? "" : ", ", k, v.is_string() ? v.get<std::string>() : v.dump());
+    out << fmt::format("  model      {} from model.init_from {}: {}; {} parameters\n", config.model.type,
+                       *config.model.init_from, keys, setup.num_parameters);
+  } else {
     // The model.type's own keys (issue 16), then the cutoff.
     std::string keys;
     for (const auto& k : model_factory(config.model.type).keys) {

@@ -287,13 +287,32 @@ TrainingSetup build_training(const Config& input_config,
   // each epoch.
   std::vector<Structure> train_and_pool = train;
   train_and_pool.insert(train_and_pool.end(), replay.begin(), replay.end());
-  const E0Choice e0_choice = choose_e0s(config.data.e0s, train_and_pool, isolated, elements);
+  // Fine-tuning (issues 18, 46): the source model, loaded first, keeps its
+  // energy scale and shift (refitting them changes its predictions before
+  // the first step) and may give the E0s (data.e0s foundation / estimated).
+  std::optional<LoadedModel> source;
+  if (config.model.init_from) source = load_init_from(*config.model.init_from, config.model.type);
+  const std::string& e0_mode = config.data.e0s.mode;
+  if ((e0_mode == "foundation" || e0_mode == "estimated") && !source) {
+    throw ConfigError("data.e0s " + e0_mode + " takes the E0s of model.init_from, which is not set");
+  }
+  const E0Choice e0_choice = source && (e0_mode == "foundation" || e0_mode == "estimated")
+                                 ? source_e0s(config.data.e0s, *source, train_and_pool, elements)
+                                 : choose_e0s(config.data.e0s, train_and_pool, isolated, elements);
   if (!e0_choice.warning.empty()) err << "crucible: warning: " << e0_choice.warning << "\n";
+  if (source && e0_mode != "foundation" && e0_mode != "estimated") {
+    err << "crucible: warning: data.e0s " << e0_mode << " replaces the E0s of model.init_from, which shifts its "
+        << "energies before the first step; data.e0s=foundation keeps them, data.e0s=estimated corrects them on "
+        << "this data\n";
+  }
   const at::Tensor e0 = e0_choice.e0;
-  const auto [scale, shift] = fit_energy_scale_shift(train_and_pool, e0);
+  const auto [scale, shift] = source ? std::pair<double, double>{source->meta.scale, source->meta.shift}
+                                     : fit_energy_scale_shift(train_and_pool, e0);
 
   // ---- datasets, model, strategy (all may still reject the config).
-  const double cutoff = config.model.cutoff;
+  // An imported source brings its own architecture, cutoff included.
+  const bool imported_source = source && is_imported_model(*source->model);
+  const double cutoff = imported_source ? source->model->cutoff() : config.model.cutoff;
   check_neighbor_memory(train, cutoff, config.data.train_file, available);
   check_neighbor_memory(valid, cutoff,
                         config.data.valid_file ? *config.data.valid_file : config.data.train_file,
@@ -329,10 +348,8 @@ TrainingSetup build_training(const Config& input_config,
   // Fine-tuning (issue 18): the source model's elements join the new data's
   // (so a model with a fixed element list keeps its shapes) and its
   // neighbor normalization is kept.
-  std::optional<LoadedModel> source;
   std::vector<int64_t> new_elements;
-  if (config.model.init_from) {
-    source = load_init_from(*config.model.init_from, config.model.type);
+  if (source) {
     std::set<int64_t> all_elements(source->meta.atomic_numbers.begin(), source->meta.atomic_numbers.end());
     for (int64_t z : elements) {
       if (!all_elements.count(z)) new_elements.push_back(z);
@@ -348,13 +365,14 @@ TrainingSetup build_training(const Config& input_config,
     // precision's parameter dtype (the strategy then converts the rest).
     std::unique_ptr<PrecisionPlugin::DefaultDtypeGuard> init_dtype;
     if (tc.precision) init_dtype = make_precision_plugin(*tc.precision)->module_init_context();
-    model = model_factory(config.model.type).create(mctx);
+    model = imported_source ? copy_of_imported_model(*source, config.model, ModelConfig{}, elements, *config.model.init_from)
+                            : model_factory(config.model.type).create(mctx);
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
     throw ConfigError(what.rfind("model.", 0) == 0 ? what : "model." + config.model.type + ": " + what);
   }
   model->module().to(dtype);
-  if (source) {  // in the run's dtype: a float64 run keeps the source's float64 weights exactly
+  if (source && !imported_source) {  // in the run's dtype: a float64 run keeps the source's float64 weights exactly
     source->model->module().to(dtype);
     initialize_from(*model, *source->model, *config.model.init_from, new_elements);
     if (!new_elements.empty()) {

@@ -248,11 +248,13 @@ std::vector<Key> build_schema() {
       .choices = {"auto", "extxyz", "deepmd", "ase_db"};
   add("data.e0s", Kind::kE0s, "eV",
       "Per-element reference energies E0, subtracted before the model learns the rest (MACE: "
-      "E0s). least_squares: fit on the training energies (a warning names elements that every "
+      "E0s). least_squares (MACE's average): fit on the training energies (a warning names elements that every "
       "structure has in the same proportions, whose split is then NumPy's minimum-norm "
       "solution); isolated: the energies of the training file's isolated-atom frames "
       "(config_type=IsolatedAtom, or one atom without periodicity), which are then removed from "
-      "training and validation; zero; a map of element to eV, e.g. {Ti: -2.1, Al: -3.4}; or a "
+      "training and validation; zero; with model.init_from, foundation (the source model's E0s) or "
+      "estimated (the source's E0s plus a least-squares fit of its energy errors on the training "
+      "data, MACE's estimated); a map of element to eV, e.g. {Ti: -2.1, Al: -3.4}; or a "
       "JSON file (*.json) holding such a map (keys: symbols or atomic numbers). An element of "
       "the training data without an E0 is an error.",
       [](Config& c) -> void* { return &c.data.e0s; });
@@ -1030,12 +1032,15 @@ void set_value(Config& config, const Key& key, const YAML::Node& node, const Sou
     }
     case Kind::kE0s: {
       const std::string expected =
-          "least_squares, isolated, zero, a JSON file (*.json) or a map of element to eV, e.g. {Ti: -2.1, Al: -3.4}";
+          "least_squares (MACE: average), isolated, zero, foundation, estimated, a JSON file (*.json) or a map of "
+          "element to eV, e.g. {Ti: -2.1, Al: -3.4}";
       E0Setting out;
       if (node.IsScalar()) {
         const std::string& v = node.Scalar();
-        if (v == "least_squares" || v == "isolated" || v == "zero") {
+        if (v == "least_squares" || v == "isolated" || v == "zero" || v == "foundation" || v == "estimated") {
           out.mode = v;
+        } else if (v == "average") {  // MACE's name for its least-squares fit
+          out.mode = "least_squares";
         } else if (v.size() > 5 && v.compare(v.size() - 5, 5, ".json") == 0 && v.size() <= kMaxConfigStringLength) {
           out.mode = "file";
           out.file = v;
@@ -1241,7 +1246,7 @@ std::string type_name(const Key& key) {
     case Kind::kWeightMap:
       return "mapping of name to number";
     case Kind::kE0s:
-      return "least_squares | isolated | zero | JSON file | mapping of element to eV";
+      return "least_squares | isolated | zero | foundation | estimated | JSON file | mapping of element to eV";
     case Kind::kIntList:
       return "list of integers";
   }

@@ -4,6 +4,7 @@
 // (float64 1e-10 relative, the float32 model in float32 1e-5), `crucible
 // info` shows the origin, and bad input is refused without writing.
 
+#include "crucible/cli/model_io.h"
 #include "crucible/data/extxyz.h"
 
 #include "cli/e2e_helpers.h"
@@ -13,6 +14,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <regex>
 
 namespace crucible {
 namespace {
@@ -87,11 +89,12 @@ TEST_F(MaceImportE2e, TorchScriptImportEvaluatesAsMaceAndInfoShowsTheOrigin) {
   const nlohmann::json j = nlohmann::json::parse(read_text(dir_ / "cu32/model.json"));
   EXPECT_EQ(j.at("model_type"), "mace");
   EXPECT_EQ(j.at("dtype"), "float32");
-  EXPECT_EQ(j.at("origin").at("mace_version"), "0.3.14");
+  EXPECT_EQ(j.at("origin").at("reader"), "torchscript");  // its config.yaml holds no MACE version
   EXPECT_EQ(j.at("origin").at("sha256").get<std::string>().size(), 64u);
   const Result info = run_crucible(dir_, {"info", "cu32"});
   ASSERT_EQ(info.rc, 0) << info.err;
-  EXPECT_NE(info.out.find("imported from MACE 0.3.14"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("imported from MACE"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find(j.at("origin").at("sha256").get<std::string>()), std::string::npos) << info.out;
   // evaluate runs a float32 model in float32: MACE's float32 evaluation.
   expect_evaluate_equals_mace(dir_, "cu32", "cu_32x0e32x1o_float32", "_float32", 1e-5);
 }
@@ -101,6 +104,8 @@ TEST_F(MaceImportE2e, StateDictImportEvaluatesAsMaceToE10) {
   const Result r = run_crucible(dir_, {"import", "mace", file, "--hyperparameters",
                                        (kFixtures / "tial_16x0e16x1o16x2e.json").string(), "--out", "tial"});
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(read_text(dir_ / "tial/model.json"));
+  EXPECT_EQ(j.at("origin").at("mace_version"), "0.3.14");  // from the hyper-parameters' "versions"
   expect_evaluate_equals_mace(dir_, "tial", "tial_16x0e16x1o16x2e", "", 1e-10);
 }
 
@@ -120,6 +125,86 @@ TEST_F(MaceImportE2e, BadInputIsRefusedAndNothingIsOverwritten) {
   EXPECT_NE(r.err.find("not an empty directory"), std::string::npos) << r.err;
   EXPECT_EQ(read_text(dir_ / "taken/keep.txt"), "mine");
   EXPECT_FALSE(fs::exists(dir_ / "taken/model.pt"));
+}
+
+/// Σ (E_model − E_label)² over the structures of `data`, eV², from
+/// `crucible evaluate --write`.
+double energy_sse(const fs::path& dir, const std::string& run, const std::string& data) {
+  const std::string out = (dir / (run + "_sse.xyz")).string();
+  const Result r = run_crucible(dir, {"evaluate", "--model", run, "--data", data, "--write", out});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  ExtxyzOptions mine;
+  mine.energy_key = "crucible_energy";
+  mine.forces_key = "crucible_forces";
+  const auto got = read_extxyz(out, mine);
+  const auto want = read_extxyz(data);
+  double sse = 0;
+  for (size_t k = 0; k < got.size(); ++k) sse += std::pow(*got[k].energy - *want[k].energy, 2);
+  return sse;
+}
+
+TEST_F(MaceImportE2e, FineTuningAnImportedModelStartsFromItAndFreezes) {
+  const fs::path data = dir_ / "tiny";
+  ASSERT_TRUE(make_tiny_tial_dir(data));
+  const std::string train = (data / "tiny.xyz").string(), valid = (data / "tiny_valid.xyz").string();
+  // model.init_from takes the MACE file itself (.pt with its .json beside it).
+  fs::copy_file(kFixtures / "tial_16x0e16x1o16x2e.json", dir_ / "tial_16x0e16x1o16x2e.json",
+                fs::copy_options::overwrite_existing);
+  const std::string pt = (dir_ / "tial_16x0e16x1o16x2e.pt").string();
+  Result r = run_crucible(dir_, {"import", "mace", pt, "--hyperparameters", (dir_ / "tial_16x0e16x1o16x2e.json").string(),
+                                 "--out", "ft_source"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const double source_sse = energy_sse(dir_, "ft_source", train);
+  const std::vector<std::string> common = {"train", "model.type=mace", "model.init_from=" + pt, "data.train_file=" + train,
+                                           "data.valid_file=" + valid, "training.num_epochs=1", "training.dtype=float64",
+                                           "training.batch_size=2"};
+  // data.e0s=estimated: with a negligible learning rate the run's model is
+  // the source with corrected E0s, whose energy error on the training data
+  // is no larger than the source's (least squares; the step-0 collapse of
+  // a refitted scale / shift or E0s cannot happen).
+  std::vector<std::string> est = common;
+  est.insert(est.end(), {"data.e0s=estimated", "training.optimizer.lr=1e-12", "output.run_dir=ft_estimated"});
+  r = run_crucible(dir_, est);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const double tuned_sse = energy_sse(dir_, "ft_estimated", train);
+  EXPECT_LE(tuned_sse, source_sse * (1 + 1e-9)) << "source " << source_sse << " eV^2, start of fine-tuning " << tuned_sse;
+  const LoadedModel src = load_model((dir_ / "ft_source").string());
+  const LoadedModel est_model = load_model((dir_ / "ft_estimated").string());
+  EXPECT_EQ(est_model.meta.scale, src.meta.scale);
+  EXPECT_EQ(est_model.meta.shift, src.meta.shift);
+  EXPECT_NE(est_model.meta.e0_source.find("estimated"), std::string::npos) << est_model.meta.e0_source;
+  // data.e0s=foundation and a frozen first layer: its tensors stay bit-identical.
+  std::vector<std::string> frozen = common;
+  frozen.insert(frozen.end(), {"data.e0s=foundation", "training.freeze=^layer0_", "output.run_dir=ft_frozen"});
+  r = run_crucible(dir_, frozen);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const LoadedModel tuned = load_model((dir_ / "ft_frozen").string());
+  EXPECT_EQ(tuned.meta.e0, src.meta.e0);
+  const auto before = src.model->module().named_parameters();
+  int same = 0, moved = 0;
+  for (const auto& item : tuned.model->module().named_parameters()) {
+    const at::Tensor& b = *before.find(item.key());
+    if (std::regex_search(item.key(), std::regex("^layer0_"))) {
+      EXPECT_TRUE(at::equal(b, item.value())) << item.key() << " changed although frozen";
+      ++same;
+    } else {
+      moved += !at::equal(b, item.value());
+    }
+  }
+  EXPECT_GE(same, 5);
+  EXPECT_GE(moved, 5);
+  // The U matrices and Clebsch-Gordan blocks travel with the fine-tuned model.
+  for (const auto& item : src.model->module().named_buffers()) {
+    if (item.key().find("U_matrix") == std::string::npos && item.key().find("w3j") == std::string::npos) continue;
+    EXPECT_TRUE(at::equal(item.value(), tuned.model->module().named_buffers()[item.key()])) << item.key();
+  }
+  // A model setting that contradicts the source is refused, naming it.
+  std::vector<std::string> bad = common;
+  bad.insert(bad.end(), {"model.mace.hidden_irreps=8x0e+8x1o", "output.run_dir=ft_bad"});
+  r = run_crucible(dir_, bad);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("model.mace.hidden_irreps"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("differs from model.init_from"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -15,7 +15,9 @@ install user` (into a private HOME) and runs Debian's `lmp`:
   a bad name, a non-empty directory, a model of an unknown format and an
   unknown --dtype;
 - `export kim --dtype float32` (issue 19): the same quantities equal the
-  float32 calculator's to float32 rounding and differ from float64's.
+  float32 calculator's to float32 rounding and differ from float64's;
+- a MACE model imported with `crucible import mace` (issue 46) gives MACE's
+  own energy (1e-10 relative) and forces (1e-8 eV/Å) in LAMMPS.
 
 Usage: test_lammps_kim.py CRUCIBLE_BINARY BUILD_PYTHON_DIR WORK_DIR
 """
@@ -189,6 +191,28 @@ class SinglePoints(unittest.TestCase):
             cluster.pbc = False
             with self.subTest(model=name, frame="cluster"):
                 self.single_point(name, rundir, cluster, f"{name}_cluster")
+
+    def test_imported_mace_model_gives_maces_predictions_in_lammps(self):
+        """Issue 46: MACE's TiAl fixture model, imported (.pt + JSON) and
+        exported to KIM: LAMMPS gives MACE's own energy and forces."""
+        import gzip
+        fixtures = os.path.join(SOURCE, "tests", "models", "fixtures", "mace")
+        pt = os.path.join(WORK, "tial_mace.pt")
+        with gzip.open(os.path.join(fixtures, "tial_16x0e16x1o16x2e.pt.gz"), "rb") as f, open(pt, "wb") as g:
+            g.write(f.read())
+        rundir = os.path.join(WORK, "tial_mace_imported")
+        shutil.rmtree(rundir, ignore_errors=True)
+        run([BINARY, "import", "mace", pt, "--hyperparameters", os.path.join(fixtures, "tial_16x0e16x1o16x2e.json"),
+             "--out", rundir])
+        install(rundir, "TiAl_MACE_imported")
+        refs = read(os.path.join(fixtures, "tial_16x0e16x1o16x2e_reference.extxyz"), index=":")
+        ref = refs[4]  # 128 atoms, periodic
+        atoms = lammps_frame(ref)
+        energy, forces = self.single_point("TiAl_MACE_imported", rundir, atoms, "imported_mace")
+        # lammps_frame rotates the cell: rotate MACE's forces the same way.
+        rotation = np.linalg.solve(ref.cell[:], atoms.cell[:])
+        self.assertLess(abs(energy - ref.info["mace_energy"]), 1e-10 * abs(ref.info["mace_energy"]))
+        self.assertLess(np.abs(forces - ref.arrays["mace_forces"] @ rotation).max(), 1e-8)
 
     def test_float32_export_equals_the_float32_calculator(self):
         atoms = lammps_frame(read(TIAL, index=0).repeat((2, 2, 2)))

@@ -57,6 +57,68 @@ def tial_cell(repeat=(2, 2, 2)):
     return atoms.repeat(repeat)
 
 
+FIXTURES = os.path.join(SOURCE, "tests", "models", "fixtures", "mace")
+
+
+def unpacked(name):
+    """A gzip-compressed fixture file unpacked into WORK."""
+    import gzip
+    out = os.path.join(WORK, name)
+    if not os.path.exists(out):
+        with gzip.open(os.path.join(FIXTURES, name + ".gz"), "rb") as f, open(out, "wb") as g:
+            g.write(f.read())
+    return out
+
+
+def close(got, want, tol, floor):
+    """max |got - want| <= tol * max |want| + floor (floor: the near-cutoff
+    pair's rounding-level forces, tests/models/test_mace_import.cpp)."""
+    got, want = np.asarray(got, dtype=float), np.asarray(want, dtype=float)
+    return np.abs(got - want).max() <= tol * np.abs(want).max() + floor
+
+
+class ImportedMace(unittest.TestCase):
+    """Issue 46: MACE's fixture models imported through the Python module
+    (crucible.import_mace) and run by the calculator give MACE's own float64
+    predictions (ASE reads them from the fixture files)."""
+
+    def test_calculator_reproduces_mace_on_every_fixture_structure(self):
+        for name, source in (("cu_32x0e32x1o", "torchscript"), ("cu_32x0e32x1o_float32", "torchscript"),
+                             ("tial_16x0e16x1o16x2e", "state_dict")):
+            run = os.path.join(WORK, "imported_" + name)
+            shutil.rmtree(run, ignore_errors=True)
+            if source == "torchscript":
+                text = crucible.import_mace(unpacked(name + "_compiled.model"), "", run)
+            else:
+                text = crucible.import_mace(unpacked(name + ".pt"), os.path.join(FIXTURES, name + ".json"), run)
+            self.assertIn("imported", text)
+            calc = crucible.Calculator(run, dtype="float64")
+            for k, ref in enumerate(read(os.path.join(FIXTURES, name + "_reference.extxyz"), index=":")):
+                with self.subTest(model=name, structure=k, kind=ref.info["fixture_kind"]):
+                    atoms = ref.copy()
+                    atoms.calc = calc
+                    e = atoms.get_potential_energy()
+                    self.assertLessEqual(abs(e - ref.info["mace_energy"]), 1e-10 * abs(ref.info["mace_energy"]))
+                    self.assertTrue(close(atoms.get_forces(), ref.arrays["mace_forces"], 1e-10, 1e-14))
+                    self.assertTrue(close(atoms.get_potential_energies(), ref.arrays["mace_node_energy"], 1e-10, 1e-14))
+                    if "mace_stress" in ref.info and "mace_stress_volume" not in ref.info:
+                        want = np.asarray(ref.info["mace_stress"], dtype=float).reshape(3, 3)
+                        self.assertTrue(close(atoms.get_stress(voigt=False), want, 1e-10, 1e-14))
+
+    def test_mace_to_pt_without_mace_says_what_it_needs(self):
+        try:
+            import mace  # noqa: F401
+            self.skipTest("MACE is importable here")
+        except ImportError:
+            pass
+        env = dict(os.environ, PYTHONPATH=PYDIR)
+        r = subprocess.run([sys.executable, "-m", "crucible.mace_to_pt", unpacked("cu_32x0e32x1o_compiled.model"),
+                            os.path.join(WORK, "x.pt")], capture_output=True, text=True, env=env)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("needs MACE's Python package", r.stderr)
+        self.assertIn("_compiled.model", r.stderr)
+
+
 class Calculator(unittest.TestCase):
     def check_structure(self, calc, atoms, periodic):
         atoms = atoms.copy()

@@ -2,7 +2,10 @@
 // Fine-tuning (issue 18): model.init_from starts a run from a trained model's
 // weights; training.freeze keeps parameters matching a regex fixed.
 
+#include "crucible/cli/e0s.h"
 #include "crucible/cli/model_io.h"
+#include "crucible/config/config.h"
+#include "crucible/data/structure.h"
 #include "crucible/models/energy_model.h"
 
 #include <set>
@@ -11,10 +14,44 @@
 
 namespace crucible {
 
-/// The model of model.init_from (a run directory or a model.pt with
-/// model.json beside it). @throws ConfigError naming model.init_from if it
-/// cannot be loaded or is of another type than `model_type`.
+/// The model of model.init_from: a run directory or a model.pt with
+/// model.json beside it, or a MACE file (issue 46), imported on the fly
+/// (crucible/models/mace/mace_import.h): a `_compiled.model` (TorchScript),
+/// or a `.pt` state_dict with its hyper-parameters beside it as the same
+/// name with `.json` (what `python3 -m crucible.mace_to_pt` writes).
+/// @throws ConfigError naming model.init_from if it cannot be loaded or
+///         imported, or is of another type than `model_type`.
 LoadedModel load_init_from(const std::string& path, const std::string& model_type);
+
+/// True for a source whose architecture cannot be rebuilt from the config
+/// (an imported MACE model: its tables come from its file), so the run
+/// trains a copy of it. Never throws.
+bool is_imported_model(const EnergyModel& model);
+
+/// The run's model for an imported source: a copy of it (architecture,
+/// tables, weights). `defaults` are the config keys' defaults, so that a
+/// key that differs from both its default and the source must have been
+/// set by the user.
+/// @throws ConfigError naming model.init_from: elements of the training data
+///         the source lacks (naming them: an imported model cannot grow its
+///         element list), model.cutoff or a model.<type>.* value set to
+///         something other than the source's (naming the key and both values).
+std::shared_ptr<EnergyModel> copy_of_imported_model(const LoadedModel& source, const ModelConfig& config,
+                                                    const ModelConfig& defaults, const std::set<int64_t>& elements,
+                                                    const std::string& path);
+
+/// data.e0s foundation / estimated for a fine-tuning run (issue 46; MACE's
+/// E0s="foundation" / "estimated"):
+/// - foundation: the source model's E0s;
+/// - estimated: the source's E0s plus δ, the least-squares (minimum-norm,
+///   LAPACK gelsd) solution of counts · δ ≈ E_ref − E_source over the
+///   training structures with an energy (E_source: the source model's
+///   predictions, neighbour lists at its cutoff), so that the source model
+///   starts with no mean energy error per composition on the new data.
+/// @throws ConfigError naming data.e0s: an element of `elements` the source
+///         has no E0 for.
+E0Choice source_e0s(const E0Setting& setting, const LoadedModel& source, const std::vector<Structure>& train,
+                    const std::set<int64_t>& elements);
 
 /// Copies every parameter of `source` into the parameter of the same name
 /// of `target` (buffers such as the energy normalization are not copied:
