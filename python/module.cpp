@@ -146,6 +146,7 @@ PYBIND11_MODULE(_crucible, m) {
       [](const std::string& file, const std::string& hyperparameters, const std::string& out_dir) {
         crucible::ImportMaceRequest req{file, hyperparameters, out_dir};
         std::ostringstream text;
+        py::gil_scoped_release release;  // the probe runs autograd, which must not hold the GIL
         crucible::run_import_mace(req, text);
         return text.str();
       },

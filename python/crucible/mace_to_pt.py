@@ -10,6 +10,10 @@ and OUT.json = MACE's hyper-parameters (mace.tools.scripts_utils.
 extract_config_mace_model) with JSON types; `crucible import mace OUT.pt
 --hyperparameters OUT.json --out RUN_DIR` (or --import here) reads them with
 LibTorch alone. A `_compiled.model` (TorchScript) needs no conversion.
+
+Back to MACE: `crucible export mace RUN_DIR --out OUT.pt` writes OUT.pt and
+OUT.json; `load_exported("OUT.pt")` here builds MACE's ScaleShiftMACE from
+them (MACE's Python package needed).
 """
 import argparse
 import json
@@ -64,6 +68,41 @@ def convert(model_path, out_pt):
     with open(out_json, "w") as f:
         json.dump(config, f, indent=1)
     return out_pt, out_json
+
+
+def load_exported(pt, hyperparameters=None):
+    """MACE's ScaleShiftMACE from `crucible export mace` output (FILE.pt and
+    FILE.json beside it), loaded with load_state_dict(strict=True).
+
+    Needs MACE's Python package. Returns the model in the file's dtype.
+    """
+    import numpy as np
+    import torch
+    from e3nn import o3
+    from mace import modules
+
+    with open(hyperparameters or os.path.splitext(pt)[0] + ".json") as f:
+        hp = json.load(f)
+    state = torch.load(pt, map_location="cpu")
+    dtype = state["node_embedding.linear.weight"].dtype
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = modules.ScaleShiftMACE(
+            r_max=hp["r_max"], num_bessel=hp["num_bessel"], num_polynomial_cutoff=hp["num_polynomial_cutoff"],
+            max_ell=hp["max_ell"], interaction_cls=modules.interaction_classes[hp["interaction_cls"]],
+            interaction_cls_first=modules.interaction_classes[hp["interaction_cls_first"]],
+            num_interactions=hp["num_interactions"], num_elements=hp["num_elements"],
+            hidden_irreps=o3.Irreps(hp["hidden_irreps"]), MLP_irreps=o3.Irreps(hp["MLP_irreps"]),
+            atomic_energies=np.array(hp["atomic_energies"]), avg_num_neighbors=hp["avg_num_neighbors"],
+            atomic_numbers=hp["atomic_numbers"], correlation=hp["correlation"], gate=torch.nn.functional.silu,
+            radial_MLP=hp["radial_MLP"], radial_type=hp["radial_type"],
+            atomic_inter_scale=hp["atomic_inter_scale"], atomic_inter_shift=hp["atomic_inter_shift"],
+            heads=hp["heads"])
+    finally:
+        torch.set_default_dtype(previous)
+    model.load_state_dict(state, strict=True)
+    return model
 
 
 def main(argv=None):

@@ -167,6 +167,13 @@ int run(int argc, char** argv) {
                               "JSON of MACE's hyper-parameters (for a .pt; python3 -m crucible.mace_to_pt writes it)");
   import_mace_cmd->add_option("--out", import_mace_req.out_dir, "New or empty run directory to write")->required();
 
+  ExportMaceRequest export_mace;
+  CLI::App* export_mace_cmd = export_cmd->add_subcommand(
+      "mace", "Write a model imported from MACE (fine-tuned or not) back as MACE's state_dict FILE.pt and FILE.json");
+  export_mace_cmd->add_option("run_dir", export_mace.run_dir, "Run directory, or model.pt with model.json beside it")
+      ->required();
+  export_mace_cmd->add_option("--out", export_mace.out_file, "FILE.pt to write (FILE.json beside it)")->required();
+
   // config
   bool dump_default = false, markdown = false;
   std::string cfg_file;
@@ -279,6 +286,10 @@ int run(int argc, char** argv) {
   }
   if (import_mace_cmd->parsed()) {
     run_import_mace(import_mace_req, std::cout);
+    return 0;
+  }
+  if (export_mace_cmd->parsed()) {
+    run_export_mace(export_mace, std::cout);
     return 0;
   }
   if (export_kim_cmd->parsed()) {

@@ -233,6 +233,8 @@ class Reader {
     if (name == "collections.OrderedDict") return make(std::vector<std::pair<Ptr, Ptr>>{});
     const auto& a = tuple(args);
     if (name == "torch._utils._rebuild_parameter" && !a.empty()) return a[0];
+    // LibTorch's pickle_save tags typed containers (torch/jit/_pickle.py).
+    if (name == "torch.jit._pickle.restore_type_tag" && !a.empty()) return a[0];
     if (name == "torch._utils._rebuild_tensor_v2" && a.size() >= 4) {
       const auto* s = std::get_if<Storage>(&a[0]->v);
       if (!s) throw DataError(path_ + ": malformed pickle (tensor without storage)");

@@ -141,8 +141,15 @@ TEST(E0s, ConfigKeyTakesModesMapsAndFiles) {
   // The dumped config reads back to the same setting.
   apply_overrides(c, {"data.e0s={Ti: -2.1, Al: -0.3}"});
   EXPECT_NE(dump_config(c, false).find("e0s: {Al: -0.3, Ti: -2.1}"), std::string::npos);
-  const std::string bad = error_of([&] { apply_overrides(c, {"data.e0s=average"}); });
-  EXPECT_NE(bad.find("data.e0s must be least_squares, isolated, zero, a JSON file (*.json) or a map"), std::string::npos)
+  // MACE's name for the least-squares fit (issue 46), and the fine-tuning modes.
+  apply_overrides(c, {"data.e0s=average"});
+  EXPECT_EQ(c.data.e0s.mode, "least_squares");
+  apply_overrides(c, {"data.e0s=estimated"});
+  EXPECT_EQ(c.data.e0s.mode, "estimated");
+  const std::string bad = error_of([&] { apply_overrides(c, {"data.e0s=mean"}); });
+  EXPECT_NE(bad.find("data.e0s must be least_squares (MACE: average), isolated, zero, foundation, estimated, a JSON "
+                     "file (*.json) or a map"),
+            std::string::npos)
       << bad;
   const std::string key = error_of([&] { apply_overrides(c, {"data.e0s={Xx: 1.0}"}); });
   EXPECT_NE(key.find("data.e0s keys must be chemical symbols or atomic numbers, got 'Xx'"), std::string::npos) << key;

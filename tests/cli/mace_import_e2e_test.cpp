@@ -198,6 +198,22 @@ TEST_F(MaceImportE2e, FineTuningAnImportedModelStartsFromItAndFreezes) {
     if (item.key().find("U_matrix") == std::string::npos && item.key().find("w3j") == std::string::npos) continue;
     EXPECT_TRUE(at::equal(item.value(), tuned.model->module().named_buffers()[item.key()])) << item.key();
   }
+  // Back to MACE (crucible export mace) and in again: the same model.
+  r = run_crucible(dir_, {"export", "mace", "ft_frozen", "--out", "ft_frozen_mace.pt"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(dir_ / "ft_frozen_mace.json"));
+  r = run_crucible(dir_, {"import", "mace", "ft_frozen_mace.pt", "--hyperparameters", "ft_frozen_mace.json", "--out",
+                          "ft_roundtrip"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(energy_sse(dir_, "ft_frozen", train), energy_sse(dir_, "ft_roundtrip", train));
+  const LoadedModel round = load_model((dir_ / "ft_roundtrip").string());
+  for (const auto& item : tuned.model->module().named_parameters()) {
+    EXPECT_TRUE(at::equal(item.value(), round.model->module().named_parameters()[item.key()])) << item.key();
+  }
+  // An existing output is not overwritten.
+  r = run_crucible(dir_, {"export", "mace", "ft_frozen", "--out", "ft_frozen_mace.pt"});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("exists"), std::string::npos) << r.err;
   // A model setting that contradicts the source is refused, naming it.
   std::vector<std::string> bad = common;
   bad.insert(bad.end(), {"model.mace.hidden_irreps=8x0e+8x1o", "output.run_dir=ft_bad"});

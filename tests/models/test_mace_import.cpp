@@ -8,7 +8,9 @@
 #include "crucible/common/error.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/models/energy_model.h"
+#include "crucible/models/mace/mace_export.h"
 #include "crucible/models/mace/mace_import.h"
+#include "crucible/models/torch_save_reader.h"
 #include "crucible/models/mace/radial.h"
 
 #include "models/helpers.h"
@@ -196,6 +198,54 @@ TEST(MaceImport, ProbeAgainstMacesOwnModuleAgreesAndCatchesADifference) {
     }
     const ProbeResult q = probe_against_torchscript(ts, *imp.model);
     EXPECT_GT(q.forces, 1e-6);
+  }
+}
+
+TEST(MaceExport, ExportOfAnImportIsMacesStateDictTensorForTensorAndReimportsExactly) {
+  for (const auto& m : kModels) {
+    SCOPED_TRACE(m.name);
+    const MaceFile file = read_mace_state_dict(unpacked(m.name + ".pt"), kFixtures + m.name + ".json");
+    ImportedMace imp = import_mace(file);
+    const auto sd = mace_state_dict(*imp.model, imp.e0, imp.scale, imp.shift);
+    // The same names, shapes, dtypes and values as MACE's own state_dict
+    // (so MACE's load_state_dict(strict=True) takes it).
+    EXPECT_EQ(sd.size(), file.tensors.size());
+    for (const auto& [name, t] : file.tensors) {
+      auto it = sd.find(name);
+      ASSERT_NE(it, sd.end()) << name << " missing from the export";
+      EXPECT_EQ(it->second.sizes(), t.sizes()) << name;
+      EXPECT_EQ(it->second.scalar_type(), t.scalar_type()) << name;
+      EXPECT_TRUE(at::equal(it->second, t)) << name;
+    }
+    // Through a file (torch::pickle_save) and the import again: the same model.
+    const std::string pt = unpacked(m.name + ".pt") + ".export.pt", json = pt + ".json";
+    write_state_dict_file(pt, sd);
+    std::ofstream(json) << mace_hyperparameters(*imp.model, imp.e0, imp.scale, imp.shift).dump();
+    EXPECT_EQ(read_torch_save_state_dict(pt).size(), sd.size());
+    ImportedMace again = import_mace(read_mace_state_dict(pt, json));
+    for (const auto& item : imp.model->named_parameters()) EXPECT_TRUE(at::equal(item.value(), again.model->named_parameters()[item.key()])) << item.key();
+    for (const auto& item : imp.model->named_buffers()) EXPECT_TRUE(at::equal(item.value(), again.model->named_buffers()[item.key()])) << item.key();
+    EXPECT_EQ(again.e0, imp.e0);
+    EXPECT_EQ(again.scale, imp.scale);
+    const Reference ref = read_reference(m.name, "");
+    imp.model->to(at::kDouble);
+    again.model->to(at::kDouble);
+    for (size_t k : {size_t{0}, size_t{5}}) {
+      const Batch batch = make_batch({ref.structures[k]}, imp.model->cutoff());
+      EXPECT_EQ(imp.model->energy(batch)[0].item<double>(), again.model->energy(batch)[0].item<double>());
+    }
+  }
+}
+
+TEST(MaceExport, ACrucibleTrainedMaceIsRefusedWithTheReason) {
+  MaceOptions o;
+  o.atomic_numbers = {29};
+  MaceImpl native(o);
+  try {
+    mace_state_dict(native, {{29, 0.0}}, 1.0, 0.0);
+    ADD_FAILURE() << "not refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("Crucible's own product basis"), std::string::npos) << e.what();
   }
 }
 

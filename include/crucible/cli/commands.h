@@ -110,6 +110,20 @@ struct ImportMaceRequest {
 ///         cannot represent (what is missing is named).
 void run_import_mace(const ImportMaceRequest& request, std::ostream& out);
 
+/// Options of `crucible export mace` (issue 46).
+struct ExportMaceRequest {
+  std::string run_dir;   ///< run directory, or model.pt with model.json beside it.
+  std::string out_file;  ///< FILE.pt to write; FILE.json is written beside it.
+};
+/// `crucible export mace`: MACE's state_dict (every name and shape of
+/// ScaleShiftMACE: load_state_dict(strict=True) takes it) and its
+/// hyper-parameters as JSON (crucible/models/mace/mace_export.h) of a model
+/// imported from MACE, fine-tuned or not.
+/// @throws ConfigError if an output file exists (nothing written), the model
+///         is not MACE or was trained by Crucible (its own product basis);
+///         DataError for an unreadable model or an unwritable file.
+void run_export_mace(const ExportMaceRequest& request, std::ostream& out);
+
 /// Options of `crucible export kim` (issue 17).
 struct ExportKimRequest {
   std::string run_dir;  ///< run directory, or a model.pt with model.json beside it.

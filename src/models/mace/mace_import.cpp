@@ -7,6 +7,7 @@
 
 #include "crucible/models/mace/mace_import.h"
 #include "crucible/common/error.h"
+#include "mace_layout.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -275,122 +276,28 @@ void Importer::copy_weights(MaceImpl& model) {
       if (z[k].item<int64_t>() != o_.atomic_numbers[static_cast<size_t>(k)]) refuse("atomic_numbers tensor differs from the hyper-parameter");
   }
 
-  const int64_t C = C_, nE = nE_;
-  set("embedding", take("node_embedding.linear.weight", {nE, C}));
-  const Irreps hidden = Irreps::parse(o_.hidden_irreps, 3);
-  const int64_t T = o_.num_interactions;
-  for (int64_t t = 0; t < T; ++t) {
-    const std::string in = "interactions." + std::to_string(t) + ".", pr = "products." + std::to_string(t) + ".";
-    const std::string p = "layer" + std::to_string(t) + "_";
-    // The layer's irreps as MaceImpl builds them.
-    std::vector<Irrep> node, target, out;
-    if (t == 0) node = {Irrep{0, 1}};
-    else for (const auto& term : hidden.terms()) node.push_back(term.irrep);
-    for (int l = 0; l <= o_.max_ell; ++l) target.push_back(Irrep{l, l % 2 ? -1 : 1});
-    if (t == T - 1) out = {Irrep{0, 1}};
-    else for (const auto& term : hidden.terms()) out.push_back(term.irrep);
-
-    // linear_up: one [C, C] block per node irrep.
-    const at::Tensor up = take(in + "linear_up.weight", {static_cast<int64_t>(node.size()), C, C});
-    for (size_t a = 0; a < node.size(); ++a) set(p + "linear_up_" + node[a].to_string(), up[static_cast<int64_t>(a)]);
-
-    // The edge tensor product's paths in Crucible's order (input, harmonic,
-    // output) and MACE's slot of each (outputs sorted by irrep, stably).
-    struct Path { size_t in_term; int l2; Irrep out; size_t target_term; };
-    std::vector<Path> paths;
-    for (size_t a = 0; a < node.size(); ++a)
-      for (int l2 = 0; l2 <= o_.max_ell; ++l2)
-        for (size_t b = 0; b < target.size(); ++b) {
-          const Irrep& ir = target[b];
-          if (ir.l < std::abs(node[a].l - l2) || ir.l > node[a].l + l2 || ir.parity != node[a].parity * (l2 % 2 ? -1 : 1)) continue;
-          paths.push_back({a, l2, ir, b});
-        }
-    std::vector<size_t> order(paths.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-      return std::make_pair(paths[x].out.l, paths[x].out.parity) < std::make_pair(paths[y].out.l, paths[y].out.parity);
-    });
-    std::vector<int64_t> slot(paths.size());
-    for (size_t s = 0; s < order.size(); ++s) slot[order[s]] = static_cast<int64_t>(s);
-    const int64_t P = static_cast<int64_t>(paths.size());
-
-    // Radial MLP: [in, out] per layer; the last layer's column blocks from
-    // MACE's slots to Crucible's paths.
-    std::vector<int64_t> widths{o_.num_bessel};
-    for (int64_t w : o_.radial_mlp) widths.push_back(w);
-    widths.push_back(P * C);
-    for (size_t k = 0; k + 1 < widths.size(); ++k) {
-      at::Tensor w = take(in + "conv_tp_weights.layer" + std::to_string(k) + ".weight", {widths[k], widths[k + 1]});
-      if (k + 2 == widths.size()) {
-        std::vector<int64_t> cols;
-        for (int64_t q = 0; q < P; ++q)
-          for (int64_t c = 0; c < C; ++c) cols.push_back(slot[static_cast<size_t>(q)] * C + c);
-        w = w.index_select(1, at::tensor(cols, at::kLong));
-      }
-      set(p + "radial_" + std::to_string(k), w);
-    }
-    // linear (messages → target): per target irrep with paths, [P_b·C, C].
-    {
-      const int64_t rows = P * C;
-      const at::Tensor lin = take(in + "linear.weight", {rows * C});
-      int64_t off = 0;
-      for (size_t b = 0; b < target.size(); ++b) {
-        int64_t pb = 0;
-        for (const auto& path : paths) pb += path.target_term == b ? 1 : 0;
-        if (pb == 0) continue;
-        set(p + "linear_" + target[b].to_string(), lin.narrow(0, off, pb * C * C).view({pb * C, C}));
-        off += pb * C * C;
-      }
-    }
-    // skip_tp: per matching (input irrep → output irrep) a [C, nE, C] block.
-    {
-      const std::vector<Irrep>& from = t == 0 ? target : node;
-      const std::vector<Irrep>& to = t == 0 ? target : out;
-      std::vector<std::pair<size_t, Irrep>> blocks;
-      for (size_t a = 0; a < from.size(); ++a)
-        for (size_t b = 0; b < to.size(); ++b)
-          if (from[a] == to[b]) blocks.emplace_back(b, to[b]);
-      const at::Tensor skip = take(in + "skip_tp.weight", {static_cast<int64_t>(blocks.size()), C, nE, C});
-      for (size_t k = 0; k < blocks.size(); ++k)
-        set(p + "skip_" + blocks[k].second.to_string(), skip[static_cast<int64_t>(k)].permute({1, 0, 2}));
-    }
-    // Clebsch-Gordan blocks of the paths without an l = 0.
-    for (const auto& path : paths) {
-      const int l1 = node[path.in_term].l, l2 = path.l2, l3 = path.out.l;
-      if (l1 == 0 || l2 == 0 || l3 == 0) continue;
-      const std::string key = std::to_string(l1) + "_" + std::to_string(l2) + "_" + std::to_string(l3);
-      if (values_.count(p + "w3j_" + key)) continue;
-      set(p + "w3j_" + key, take(in + "conv_tp._compiled_main_left_right._w3j_" + key, {2 * l1 + 1, 2 * l2 + 1, 2 * l3 + 1}));
-    }
-    // Product basis: per output irrep its U matrices and weights.
-    const int64_t D = (o_.max_ell + 1) * (o_.max_ell + 1);
-    for (size_t b = 0; b < out.size(); ++b) {
-      const std::string sc = pr + "symmetric_contractions.contractions." + std::to_string(b) + ".";
-      int64_t Dn = 1;
+  // Every weight, U matrix and Clebsch-Gordan block (mace_layout.h).
+  for (const auto& m : mace_layout::tensor_maps(o_)) {
+    const std::vector<at::Tensor> parts = m.to_crucible(take(m.mace, m.mace_shape));
+    for (size_t k = 0; k < parts.size(); ++k) set(m.crucible[k], parts[k]);
+  }
+  // The product paths' "zeroed" flags (MACE's pruned paths), and the
+  // U matrices without columns.
+  for (int64_t t = 0; t < o_.num_interactions; ++t) {
+    const auto L = mace_layout::layer_irreps(o_, t);
+    for (size_t b = 0; b < L.out.size(); ++b) {
+      const std::string sc = "products." + std::to_string(t) + ".symmetric_contractions.contractions." + std::to_string(b) + ".";
       for (int nu = 1; nu <= o_.correlation; ++nu) {
-        Dn *= D;
-        const int64_t K = o_.u_columns[static_cast<size_t>(t)][b][static_cast<size_t>(nu - 1)];
-        const std::string wname = nu == o_.correlation ? sc + "weights_max" : sc + "weights." + std::to_string(o_.correlation - 1 - nu);
-        const std::string zname = nu == o_.correlation ? sc + "weights_max_zeroed" : sc + "weights_" + std::to_string(o_.correlation - 1 - nu) + "_zeroed";
+        const std::string idx = nu == o_.correlation ? "max" : std::to_string(o_.correlation - 1 - nu);
+        const std::string zname = sc + "weights_" + idx + "_zeroed";
         if (f_.tensors.count(zname) && take(zname, {}).item<bool>()) {
           refuse("tensor '" + zname + "' is true (a pruned product path): Crucible's MACE lacks pruned paths");
         }
-        const at::Tensor U = take(sc + "U_matrix_" + std::to_string(nu), {out[b].dim(), Dn, K});
-        const at::Tensor W = take(wname, {nE, K, C});
-        if (K == 0) continue;
-        set(p + "U_matrix_" + out[b].to_string() + "_nu" + std::to_string(nu), U);
-        set(p + "product_" + out[b].to_string() + "_nu" + std::to_string(nu), W);
+        if (o_.u_columns[static_cast<size_t>(t)][b][static_cast<size_t>(nu - 1)] == 0) {
+          used_.insert(sc + "U_matrix_" + std::to_string(nu));
+          used_.insert(nu == o_.correlation ? sc + "weights_max" : sc + "weights." + idx);
+        }
       }
-    }
-    const at::Tensor plin = take(pr + "linear.weight", {static_cast<int64_t>(out.size()), C, C});
-    for (size_t b = 0; b < out.size(); ++b) set(p + "product_linear_" + out[b].to_string(), plin[static_cast<int64_t>(b)]);
-    // Readouts.
-    const std::string ro = "readouts." + std::to_string(t) + ".";
-    if (t < T - 1) {
-      set(p + "readout", take(ro + "linear.weight", {C, 1}));
-    } else {
-      set(p + "readout_mlp_0", take(ro + "linear_1.weight", {C, o_.readout_mlp}));
-      set(p + "readout_mlp_1", take(ro + "linear_2.weight", {o_.readout_mlp, 1}));
     }
   }
   // Everything of the file is used or bookkeeping; anything else is a

@@ -1,12 +1,15 @@
-// `crucible import mace` (issue 46): a MACE model file → a Crucible run
-// directory (model.pt + model.json with its origin). The conversion itself
-// is the library's (crucible/models/mace/mace_import.h).
+// `crucible import mace` and `crucible export mace` (issue 46): a MACE model
+// file → a Crucible run directory (model.pt + model.json with its origin),
+// and an imported (fine-tuned) model → MACE's state_dict + hyper-parameters.
+// The conversions are the library's (crucible/models/mace/mace_import.h,
+// mace_export.h).
 
 #include "crucible/checkpoint/sha256.h"
 #include "crucible/cli/commands.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/common/error.h"
 #include "crucible/common/dtype_names.h"
+#include "crucible/models/mace/mace_export.h"
 #include "crucible/models/mace/mace_import.h"
 
 #include <fmt/format.h>
@@ -75,6 +78,33 @@ void run_import_mace(const ImportMaceRequest& req, std::ostream& out) {
   out << probe_line;
   out << "  U matrices and Clebsch-Gordan blocks taken from the file; next: crucible evaluate --model " << req.out_dir
       << " --data FILE.xyz\n";
+}
+
+void run_export_mace(const ExportMaceRequest& req, std::ostream& out) {
+  namespace fs = std::filesystem;
+  const fs::path pt(req.out_file);
+  if (pt.extension() != ".pt") throw ConfigError("--out must name a .pt file, got '" + req.out_file + "'");
+  const fs::path json = fs::path(req.out_file).replace_extension(".json");
+  for (const fs::path& p : {pt, json}) {
+    if (fs::exists(p)) throw ConfigError(p.string() + " exists (nothing was written; choose another --out)");
+  }
+  LoadedModel loaded = load_model(model_directory(req.run_dir));
+  const auto* mace = dynamic_cast<const MaceImpl*>(loaded.model.get());
+  if (!mace) throw ConfigError(req.run_dir + " holds a " + loaded.meta.model_type + " model; export mace takes a MACE model");
+  std::map<std::string, at::Tensor> sd;
+  try {
+    sd = mace_state_dict(*mace, loaded.meta.e0, loaded.meta.scale, loaded.meta.shift);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(req.run_dir + ": " + e.what());
+  }
+  write_state_dict_file(pt.string(), sd);
+  const std::string text = mace_hyperparameters(*mace, loaded.meta.e0, loaded.meta.scale, loaded.meta.shift).dump(1) + "\n";
+  std::ofstream(json.string() + ".tmp") << text;
+  fs::rename(json.string() + ".tmp", json);
+  out << fmt::format("wrote {} (MACE state_dict, {} tensors) and {} (MACE hyper-parameters)\n", pt.string(), sd.size(),
+                     json.string());
+  out << "  in MACE: python3 -c \"from crucible.mace_to_pt import load_exported; model = load_exported('" << pt.string()
+      << "')\" (needs MACE's Python package)\n";
 }
 
 }  // namespace crucible
