@@ -29,6 +29,8 @@ def _json_value(value):
 
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if type(value).__name__ in ("Irreps", "Irrep", "_MulIr"):  # e3nn's are tuples: keep "16x0e+16x1o"
+        return str(value)
     if isinstance(value, (list, tuple)):
         return [_json_value(v) for v in value]
     if isinstance(value, dict):

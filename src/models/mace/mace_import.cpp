@@ -89,6 +89,11 @@ class Importer {
     if (!hp_.contains(key) || hp_.at(key).is_null()) refuse("the hyper-parameters lack '" + key + "'");
     return hp_.at(key);
   }
+  std::string need_string(const std::string& key) const {
+    const auto& v = need(key);
+    if (!v.is_string()) refuse("hyper-parameter '" + key + "' must be a string like \"16x0e+16x1o\", got " + v.dump());
+    return v.get<std::string>();
+  }
   int64_t need_int(const std::string& key) const {
     const auto& v = need(key);
     if (!v.is_number()) refuse("hyper-parameter '" + key + "' must be a number, got " + v.dump());
@@ -198,13 +203,13 @@ void Importer::build_options() {
   const auto& mlp = need("radial_MLP");
   if (!mlp.is_array()) refuse("hyper-parameter 'radial_MLP' must be a list of widths, got " + mlp.dump());
   o_.radial_mlp = mlp.get<std::vector<int64_t>>();
-  o_.hidden_irreps = need("hidden_irreps").get<std::string>();
+  o_.hidden_irreps = need_string("hidden_irreps");
   const Irreps hidden = Irreps::parse(o_.hidden_irreps, 3);
   if (hidden.size() == 0 || hidden.terms()[0].irrep != Irrep{0, 1}) {
     refuse("hidden_irreps '" + o_.hidden_irreps + "' must start with 0e (MACE's last layer keeps hidden_irreps[0])");
   }
   C_ = hidden.terms()[0].mul;
-  const Irreps mlp_irreps = Irreps::parse(need("MLP_irreps").get<std::string>(), 0);
+  const Irreps mlp_irreps = Irreps::parse(need_string("MLP_irreps"), 0);
   if (mlp_irreps.size() != 1 || mlp_irreps.terms()[0].irrep != Irrep{0, 1}) {
     refuse("Crucible's MACE lacks MLP_irreps other than scalars (" + need("MLP_irreps").dump() + ")");
   }
@@ -389,6 +394,14 @@ double e3nn_silu_normalization() {
   return value;
 }
 
-ImportedMace import_mace(const MaceFile& file) { return Importer(file).run(); }
+ImportedMace import_mace(const MaceFile& file) {
+  try {
+    return Importer(file).run();
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(file.path + ": malformed hyper-parameters (" + e.what() + ")");
+  } catch (const std::invalid_argument& e) {  // an irreps string Irreps::parse refuses
+    throw DataError(file.path + ": " + e.what());
+  }
+}
 
 }  // namespace crucible
