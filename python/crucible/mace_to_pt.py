@@ -100,7 +100,8 @@ def load_exported(pt, hyperparameters=None):
             atomic_numbers=hp["atomic_numbers"], correlation=hp["correlation"], gate=torch.nn.functional.silu,
             radial_MLP=hp["radial_MLP"], radial_type=hp["radial_type"],
             atomic_inter_scale=hp["atomic_inter_scale"], atomic_inter_shift=hp["atomic_inter_shift"],
-            heads=hp["heads"])
+            heads=hp["heads"], pair_repulsion=hp.get("pair_repulsion", False),
+            use_reduced_cg=hp.get("use_reduced_cg", False))
     finally:
         torch.set_default_dtype(previous)
     model.load_state_dict(state, strict=True)

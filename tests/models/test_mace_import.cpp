@@ -237,6 +237,57 @@ TEST(MaceExport, ExportOfAnImportIsMacesStateDictTensorForTensorAndReimportsExac
   }
 }
 
+TEST(MaceImport, ZblPairRepulsionIsImportedAndReproducesMace) {
+  // A small random MACE with pair_repulsion=True and use_reduced_cg=True
+  // (make_zbl_fixture.py, run with MACE 0.3.14), on structures with pairs
+  // deep inside the ZBL range (1.1-1.6 Å) and one at 0.99 of the covalent sum.
+  const MaceFile file = read_mace_state_dict(unpacked("mace_zbl_alti.pt"), kFixtures + "mace_zbl_alti.json");
+  ImportedMace imp = import_mace(file);
+  EXPECT_TRUE(imp.model->options().pair_repulsion);
+  EXPECT_TRUE(imp.model->options().reduced_cg);
+  ExtxyzOptions opt;
+  opt.energy_key = "mace_energy";
+  opt.forces_key = "mace_forces";
+  opt.stress_key = "mace_stress";
+  const auto frames = read_extxyz(kFixtures + "mace_zbl_alti_reference.extxyz", opt);
+  ASSERT_EQ(frames.size(), 4u);
+  imp.model->to(at::kDouble);
+  std::vector<double> with_zbl;
+  for (const auto& s : frames) {
+    SCOPED_TRACE(s.source);
+    const Batch batch = make_batch({s}, imp.model->cutoff());
+    ComputeOptions co;
+    co.stress = s.periodic();
+    const ModelOutputs out = compute_outputs(*imp.model, batch, co);
+    with_zbl.push_back(out.energy[0].item<double>());
+    EXPECT_LE(std::abs(with_zbl.back() - *s.energy) / std::abs(*s.energy), 1e-10);
+    EXPECT_LE(rel(out.forces, *s.forces, 1e-10, 1e-14), 1e-10);
+    if (s.stress) EXPECT_LE(rel(out.stress[0], *s.stress, 1e-10, 1e-14), 1e-10);
+  }
+  // Without its coefficients the pair term is gone: it mattered (the 1.1 Å
+  // Ti-Ti pair of the cluster carries about 1.8 eV · scale).
+  {
+    at::NoGradGuard no_grad;
+    imp.model->named_buffers()["zbl_c"].zero_();
+  }
+  const Batch cluster = make_batch({frames[2]}, imp.model->cutoff());
+  EXPECT_GT(with_zbl[2] - imp.model->energy(cluster)[0].item<double>(), 0.5);
+  // Export writes MACE's tensors back, the ZBL buffers included. This model
+  // was built without heads, so MACE stored E0s [2] and scale / shift [];
+  // the export writes the one-head shapes [1, 2] and [1] that its JSON
+  // (atomic_inter_scale as a list) makes MACE build: same values.
+  ImportedMace again = import_mace(file);
+  const auto sd = mace_state_dict(*again.model, again.e0, again.scale, again.shift);
+  EXPECT_EQ(sd.size(), file.tensors.size());
+  for (const auto& [name, t] : file.tensors) {
+    auto it = sd.find(name);
+    ASSERT_NE(it, sd.end()) << name;
+    const bool head_shaped = name == "atomic_energies_fn.atomic_energies" || name.rfind("scale_shift.", 0) == 0;
+    EXPECT_TRUE(head_shaped ? at::equal(it->second.reshape({-1}), t.reshape({-1})) : at::equal(it->second, t)) << name;
+  }
+  EXPECT_EQ(mace_hyperparameters(*again.model, again.e0, again.scale, again.shift).at("pair_repulsion"), true);
+}
+
 TEST(MaceExport, ACrucibleTrainedMaceIsRefusedWithTheReason) {
   MaceOptions o;
   o.atomic_numbers = {29};
@@ -306,7 +357,7 @@ TEST(MaceImport, WhatCrucibleCannotRepresentIsRefusedNamingIt) {
     }
   };
   refused([](MaceFile& f) { f.hyperparameters["heads"] = {"a", "b"}; }, "multiple heads");
-  refused([](MaceFile& f) { f.hyperparameters["pair_repulsion"] = true; }, "ZBL");
+  refused([](MaceFile& f) { f.hyperparameters["pair_repulsion"] = true; }, "pair_repulsion_fn");  // no ZBL tensors
   refused([](MaceFile& f) { f.hyperparameters["interaction_cls"] = "RealAgnosticDensityInteractionBlock"; },
           "RealAgnosticDensityInteractionBlock");
   refused([](MaceFile& f) { f.hyperparameters["gate"] = "tanh"; }, "gate");

@@ -110,6 +110,7 @@ MaceImpl::MaceImpl(MaceOptions options) : options_(std::move(options)) {
     if (k > 0 && z <= o.atomic_numbers[k - 1]) fail("atomic_numbers must be ascending without repeats");
   }
   if (o.basis != "crucible" && o.basis != "mace") fail("basis must be crucible or mace, got '" + o.basis + "'");
+  if (o.pair_repulsion && o.basis != "mace") fail("pair_repulsion is available for imported MACE models (basis mace) only");
   if (!(o.silu_normalization >= 0.0) || !std::isfinite(o.silu_normalization)) fail("silu_normalization must be a finite number >= 0");
   Irreps hidden;
   try {
@@ -257,6 +258,12 @@ void MaceImpl::reset() {
     bessel_weights_ = register_buffer("bessel_weights", at::arange(1, o.num_bessel + 1, opts) * (3.14159265358979323846 / o.cutoff));
     bessel_prefactor_ = register_buffer("bessel_prefactor", at::full({}, std::sqrt(2.0 / o.cutoff), opts));
     cutoff_r_max_ = register_buffer("cutoff_r_max", at::full({}, o.cutoff, opts));
+    if (o.pair_repulsion) {  // MACE's defaults; the import copies the file's values
+      zbl_c_ = register_buffer("zbl_c", at::tensor(std::vector<float>{0.1818f, 0.5099f, 0.2802f, 0.02817f}, opts));
+      zbl_a_exp_ = register_buffer("zbl_a_exp", at::full({}, 0.300, opts));
+      zbl_a_prefactor_ = register_buffer("zbl_a_prefactor", at::full({}, 0.4543, opts));
+      zbl_covalent_radii_ = register_buffer("zbl_covalent_radii", at::zeros({119}, opts));
+    }
   }
   e0_ = register_buffer("e0", at::zeros({119}, opts));
   scale_ = register_buffer("scale", at::ones({}, opts));
@@ -483,13 +490,14 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
   const at::ScalarType layer = embedding_.scalar_type();
   // Inference path (issue 19): radial MLP, tables and messages per edge chunk.
   const bool chunked = !ref && use_inference_kernels(geom, layer);
-  at::Tensor Y, edge_feats, edge_pair, pair_rep;
+  at::Tensor Y, edge_feats, edge_pair, pair_rep, pair;  // pair: ZBL node energies [N] (pair_repulsion)
   std::vector<std::vector<at::Tensor>> tables(layers_.size());
   {
     // Force-safe geometry: autocast off, the positions' dtype.
     AutocastDisabledGuard no_autocast;
     const at::Tensor vec = edge_vectors(batch);  // [E, 3], r_j − r_i
     at::Tensor r = vec.pow(2).sum(-1).sqrt();     // [E]
+    if (options_.pair_repulsion) pair = pair_repulsion(batch, r);
     // basis "mace": e3nn's harmonics of r_i − r_j are Crucible's at
     // P(r_i − r_j), P(x, y, z) = (z, x, y) (docs/mace_import.md).
     const at::Tensor sh_vec = mace_basis() ? -vec.index_select(1, at::tensor({2, 0, 1}, at::kLong).to(vec.device())) : vec;
@@ -571,7 +579,35 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     energy = energy.defined() ? leading_rows(energy, n_out) + e : e;
   }
   AutocastDisabledGuard no_autocast;
+  // MACE adds the pair term to the readouts before scale and shift; it
+  // counts for the nodes whose readouts do (Batch::layer_nodes).
+  if (pair.defined()) energy = energy + leading_rows(pair, energy.size(0)).to(energy.scalar_type());
   return scale_.to(geom) * pad_nodes(energy, N) + shift_.to(geom);
+}
+
+at::Tensor MaceImpl::pair_repulsion(const Batch& batch, const at::Tensor& r) const {
+  // mace/modules/radial.py ZBLBasis.forward with Crucible's edges (row 0
+  // receiver i, row 1 sender j; both directions listed): V_i = ½ Σ_j v(r_ij).
+  const at::Tensor receiver = batch.edge_index.select(0, 0), sender = batch.edge_index.select(0, 1);
+  const auto opt = r.options();
+  const at::Tensor z = batch.atomic_numbers.to(r.device(), at::kLong);
+  const at::Tensor zu = z.index_select(0, sender), zv = z.index_select(0, receiver);
+  const at::Tensor a_exp = zbl_a_exp_.to(opt), c = zbl_c_.to(opt);
+  const at::Tensor zu_f = zu.to(opt.dtype()), zv_f = zv.to(opt.dtype());
+  const at::Tensor a = zbl_a_prefactor_.to(opt) * 0.529 / (at::pow(zu_f, a_exp) + at::pow(zv_f, a_exp));
+  const at::Tensor x = r / a;
+  const at::Tensor phi = c[0] * at::exp(-3.2 * x) + c[1] * at::exp(-0.9423 * x) + c[2] * at::exp(-0.4028 * x) +
+                         c[3] * at::exp(-0.2016 * x);
+  at::Tensor v = (14.3996 * zu_f * zv_f) / r * phi;
+  const at::Tensor radii = zbl_covalent_radii_.to(opt);
+  const at::Tensor r_max = radii.index_select(0, zu) + radii.index_select(0, zv);
+  const double p = static_cast<double>(options_.num_polynomial_cutoff);
+  const at::Tensor y = r / r_max;
+  const at::Tensor envelope = (1.0 - ((p + 1.0) * (p + 2.0) / 2.0) * at::pow(y, p) + p * (p + 2.0) * at::pow(y, p + 1.0) -
+                               (p * (p + 1.0) / 2.0) * at::pow(y, p + 2.0)) *
+                              (r < r_max).to(opt.dtype());
+  v = 0.5 * v * envelope;
+  return at::zeros({batch.num_nodes()}, opt).index_add(0, receiver, v);
 }
 
 at::Tensor MaceImpl::node_energies(const Batch& batch) {

@@ -50,6 +50,7 @@ std::map<std::string, at::Tensor> mace_state_dict(const MaceImpl& model, const s
   sd["radial_embedding.bessel_fn.prefactor"] = tensor("bessel_prefactor").reshape({});
   sd["radial_embedding.cutoff_fn.p"] = at::full({}, o.num_polynomial_cutoff, at::kInt);
   sd["radial_embedding.cutoff_fn.r_max"] = r_max.clone();
+  if (o.pair_repulsion) sd["pair_repulsion_fn.p"] = at::full({}, o.num_polynomial_cutoff, at::kInt);
   at::Tensor energies = at::zeros({1, nE}, fopt.dtype(at::kDouble));
   for (int64_t k = 0; k < nE; ++k) {
     auto it = e0.find(o.atomic_numbers[static_cast<size_t>(k)]);
@@ -82,7 +83,10 @@ std::map<std::string, at::Tensor> mace_state_dict(const MaceImpl& model, const s
       const std::string sc = pr + "symmetric_contractions.contractions." + std::to_string(b) + ".";
       for (int nu = 1; nu <= o.correlation; ++nu) {
         const std::string idx = nu == o.correlation ? "max" : std::to_string(o.correlation - 1 - nu);
-        sd[sc + "weights_" + idx + "_zeroed"] = at::zeros({}, at::kBool);
+        // MACE zeroes (and flags) the weights of a path whose U matrix is all zero.
+        auto u = sd.find(sc + "U_matrix_" + std::to_string(nu));
+        sd[sc + "weights_" + idx + "_zeroed"] =
+            at::full({}, u != sd.end() && u->second.numel() > 0 && u->second.abs().max().item<double>() == 0.0, at::kBool);
       }
     }
     linear(pr + "linear", dim_of(L.out) * C);
@@ -124,9 +128,9 @@ nlohmann::json mace_hyperparameters(const MaceImpl& model, const std::map<int64_
           {"correlation", o.correlation},
           {"radial_type", "bessel"},
           {"radial_MLP", o.radial_mlp},
-          {"pair_repulsion", false},
+          {"pair_repulsion", o.pair_repulsion},
           {"distance_transform", nullptr},
-          {"use_reduced_cg", false},
+          {"use_reduced_cg", o.reduced_cg},
           {"use_so3", false},
           {"atomic_inter_scale", {scale}},
           {"atomic_inter_shift", {shift}},

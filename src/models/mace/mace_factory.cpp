@@ -87,6 +87,8 @@ ModelFactory mace_factory() {
       h["basis"] = o.basis;
       h["u_columns"] = o.u_columns;
       h["silu_normalization"] = o.silu_normalization;
+      if (o.pair_repulsion) h["pair_repulsion"] = true;
+      if (o.reduced_cg) h["reduced_cg"] = true;
     }
     return h;
   };
@@ -106,6 +108,8 @@ ModelFactory mace_factory() {
     o.basis = h.value("basis", std::string("crucible"));
     if (h.contains("u_columns")) o.u_columns = h.at("u_columns").get<std::vector<std::vector<std::vector<int64_t>>>>();
     o.silu_normalization = h.value("silu_normalization", 0.0);
+    o.pair_repulsion = h.value("pair_repulsion", false);
+    o.reduced_cg = h.value("reduced_cg", false);
     return std::make_shared<MaceImpl>(o);
   };
   f.parameter_estimate = [](const ModelBuildContext& ctx) {

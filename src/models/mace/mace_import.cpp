@@ -34,7 +34,6 @@ struct Fixed {
 const std::vector<Fixed>& fixed_keys() {
   static const std::vector<Fixed> keys = {
       {"edge_irreps", nullptr, "edge_irreps (a separate edge irreps)"},
-      {"use_reduced_cg", false, "use_reduced_cg (the reduced Clebsch-Gordan basis)"},
       {"use_so3", false, "use_so3 (SO(3) instead of O(3) irreps)"},
       {"use_agnostic_product", false, "use_agnostic_product (an element-agnostic product basis)"},
       {"use_last_readout_only", false, "use_last_readout_only (energy from the last readout only)"},
@@ -44,8 +43,6 @@ const std::vector<Fixed>& fixed_keys() {
       {"distance_transform", nullptr, "distance_transform (Agnesi / Soft distance transforms)"},
       {"radial_type", "bessel", "radial_type other than bessel"},
       {"gate", "silu", "a gate other than silu"},
-      {"pair_repulsion", false,
-       "pair_repulsion (MACE's ZBL pair term; not imported yet: export the model without it)"},
       {"apply_cutoff", true, "apply_cutoff false"},
       {"les_arguments", nullptr, "LES (latent Ewald summation)"},
       {"embedding_specs", nullptr, "embedding_specs (extra node embeddings)"},
@@ -60,7 +57,8 @@ const std::set<std::string>& understood_keys() {
       "r_max", "num_bessel", "num_polynomial_cutoff", "max_ell", "interaction_cls", "interaction_cls_first",
       "num_interactions", "num_elements", "hidden_irreps", "MLP_irreps", "atomic_energies", "avg_num_neighbors",
       "atomic_numbers", "correlation", "radial_MLP", "atomic_inter_scale", "atomic_inter_shift", "heads",
-      "readout_cls", "model_class", "cutoff_fn_p", "spherical_harmonics", "versions",
+      "readout_cls", "model_class", "cutoff_fn_p", "spherical_harmonics", "versions", "pair_repulsion",
+      "use_reduced_cg",
       // informational (the fixture JSON and python3 -m crucible.mace_to_pt write them)
       "name", "model_dtype", "num_parameters", "avg_num_neighbors_per_interaction", "atomic_energies_by_Z", "scale",
       "shift", "interaction_classes", "product_classes", "readout_classes", "correlation_per_product",
@@ -242,6 +240,15 @@ void Importer::build_options() {
     }
   }
   o_.silu_normalization = e3nn_silu_normalization();
+  // Bools that Crucible represents: the ZBL term, and the reduced CG basis
+  // (it only changed how MACE computed the U matrices, read from the file).
+  auto flag = [&](const std::string& key) {
+    if (!hp_.contains(key) || is_none(hp_.at(key))) return false;
+    if (!hp_.at(key).is_boolean()) refuse("hyper-parameter '" + key + "' must be true or false, got " + hp_.at(key).dump());
+    return hp_.at(key).get<bool>();
+  };
+  o_.pair_repulsion = flag("pair_repulsion");
+  o_.reduced_cg = flag("use_reduced_cg");
 }
 
 void Importer::set(const std::string& name, const at::Tensor& value) { values_[name] = value; }
@@ -266,6 +273,9 @@ void Importer::copy_weights(MaceImpl& model) {
   set("cutoff_r_max", envelope_r_max);
   if (take("radial_embedding.cutoff_fn.p", {}).item<double>() != static_cast<double>(o_.num_polynomial_cutoff)) {
     refuse("radial_embedding.cutoff_fn.p differs from num_polynomial_cutoff");
+  }
+  if (o_.pair_repulsion && take("pair_repulsion_fn.p", {}).item<double>() != static_cast<double>(o_.num_polynomial_cutoff)) {
+    refuse("pair_repulsion_fn.p differs from num_polynomial_cutoff (MACE builds ZBLBasis(p=num_polynomial_cutoff))");
   }
   for (const char* name : {"r_max", "radial_embedding.bessel_fn.r_max"}) {
     if (f_.tensors.count(name) && std::abs(take(name, {}).item<double>() - r_max) > 1e-6 * r_max) {
@@ -295,8 +305,12 @@ void Importer::copy_weights(MaceImpl& model) {
       for (int nu = 1; nu <= o_.correlation; ++nu) {
         const std::string idx = nu == o_.correlation ? "max" : std::to_string(o_.correlation - 1 - nu);
         const std::string zname = sc + "weights_" + idx + "_zeroed";
-        if (f_.tensors.count(zname) && take(zname, {}).item<bool>()) {
-          refuse("tensor '" + zname + "' is true (a pruned product path): Crucible's MACE lacks pruned paths");
+        // A "zeroed" path has an all-zero U matrix (MACE drops its weights):
+        // it contributes nothing here either.
+        const std::string uname = sc + "U_matrix_" + std::to_string(nu);
+        if (f_.tensors.count(zname) && take(zname, {}).item<bool>() && f_.tensors.count(uname) &&
+            f_.tensors.at(uname).abs().max().item<double>() != 0.0) {
+          refuse("tensor '" + zname + "' is true but " + uname + " is not zero: a pruned product path Crucible's MACE lacks");
         }
         if (o_.u_columns[static_cast<size_t>(t)][b][static_cast<size_t>(nu - 1)] == 0) {
           used_.insert(sc + "U_matrix_" + std::to_string(nu));

@@ -97,6 +97,12 @@ std::vector<TensorMap> tensor_maps(const MaceOptions& o) {
   const int64_t T = o.num_interactions;
   std::vector<TensorMap> maps;
   maps.push_back(same("node_embedding.linear.weight", {nE * C}, "embedding", {nE, C}));
+  if (o.pair_repulsion) {  // MACE's ZBLBasis buffers (its p is num_polynomial_cutoff)
+    maps.push_back(same("pair_repulsion_fn.c", {4}, "zbl_c", {4}));
+    maps.push_back(same("pair_repulsion_fn.covalent_radii", {119}, "zbl_covalent_radii", {119}));
+    maps.push_back(same("pair_repulsion_fn.a_exp", {}, "zbl_a_exp", {}));
+    maps.push_back(same("pair_repulsion_fn.a_prefactor", {}, "zbl_a_prefactor", {}));
+  }
   for (int64_t t = 0; t < T; ++t) {
     const std::string in = "interactions." + std::to_string(t) + ".", pr = "products." + std::to_string(t) + ".";
     const std::string p = "layer" + std::to_string(t) + "_";

@@ -59,6 +59,19 @@ struct MaceOptions {
   /// An imported MACE model uses e3nn's Monte Carlo estimate (e3nn
   /// math/_normalize_activation.py: 10^6 float64 normal draws, seed 0).
   double silu_normalization = 0.0;
+  /// basis "mace": MACE's ZBL pair repulsion (mace/modules/radial.py
+  /// ZBLBasis; Ziegler, Biersack, Littmark 1985), added to the readouts
+  /// before scale and shift as MACE does:
+  ///   V_i = ½ Σ_j 14.3996 Z_i Z_j / r_ij · φ(r_ij / a_ij) · f_p(r_ij / (R_i + R_j)),
+  ///   a_ij = 0.4543 · 0.529 / (Z_i^0.3 + Z_j^0.3), φ(x) = Σ_k c_k e^(−d_k x)
+  /// with c, the exponent 0.3, the prefactor 0.4543 and the covalent radii
+  /// R (ASE's) held as buffers `zbl_*` from the file; f_p the polynomial
+  /// envelope with p = num_polynomial_cutoff.
+  bool pair_repulsion = false;
+  /// basis "mace": the file's use_reduced_cg (which only changed how MACE
+  /// computed its U matrices, which are read from the file); kept so that
+  /// an export rebuilds the same U shapes.
+  bool reduced_cg = false;
 };
 
 /// MACE energy model.
@@ -181,6 +194,11 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   /// rounded in a float32 model): Bessel frequencies [num_bessel], prefactor
   /// and the envelope's r_max [].
   at::Tensor bessel_weights_, bessel_prefactor_, cutoff_r_max_;
+  /// MaceOptions::pair_repulsion: ZBL coefficients c [4], the screening
+  /// length's exponent and prefactor [], covalent radii [119] Å.
+  at::Tensor zbl_c_, zbl_a_exp_, zbl_a_prefactor_, zbl_covalent_radii_;
+  /// The ZBL pair energy of each node (receiver sums), [N] in `r`'s dtype.
+  at::Tensor pair_repulsion(const Batch& batch, const at::Tensor& r) const;
   std::vector<std::map<std::array<int, 3>, at::Tensor>> w3j_;
   std::vector<std::pair<const void*, int64_t>> file_tables_signature_;
   std::shared_ptr<std::mutex> file_tables_mutex_ = std::make_shared<std::mutex>();

@@ -72,9 +72,9 @@ struct ImportedMace {
 /// the hyper-parameters).
 /// @throws DataError naming the file and what Crucible lacks for a model it
 ///         cannot represent (heads, interaction or readout classes, a gate
-///         other than silu, pair_repulsion, per-layer avg_num_neighbors or
-///         correlation that differ, ...) or a tensor of an unexpected name or
-///         shape.
+///         other than silu, per-layer avg_num_neighbors or correlation that
+///         differ, ...) or a tensor of an unexpected name or shape. MACE's
+///         ZBL pair_repulsion is imported (MaceOptions::pair_repulsion).
 ImportedMace import_mace(const MaceFile& file);
 
 /// How the imported model and MACE's own module agree on the probe.
