@@ -454,6 +454,12 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
       if (const auto* d = std::get_if<double>(&v)) text = fmt::format("{}", *d);
       if (const auto* str = std::get_if<std::string>(&v)) text = *str;
       if (const auto* l = std::get_if<std::vector<int64_t>>(&v)) text = fmt::format("[{}]", fmt::join(*l, ", "));
+      if (k.name == "avg_num_neighbors") {  // 0 = computed from the training set: print what the model uses
+        const nlohmann::json h = model_factory(config.model.type).to_json(*setup.model);
+        if (h.contains("avg_num_neighbors")) {
+          text = fmt::format("{:.6g}{}", h.at("avg_num_neighbors").get<double>(), text == "0" ? " (training set)" : "");
+        }
+      }
       keys += fmt::format("{}{} {}", keys.empty() ? "" : ", ", k.name, text);
     }
     out << fmt::format("  model      {}: {}, cutoff {} Å; {} parameters\n", config.model.type, keys,
@@ -669,6 +675,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   meta.atomic_numbers.assign(elements.begin(), elements.end());
   for (int64_t z : elements) meta.e0[z] = e0[z].item<double>();
   meta.e0_source = setup.e0_source;
+  meta.origin = setup.origin;
   meta.scale = scale;
   meta.shift = shift;
   if (std::isfinite(setup.min_pair_distance)) meta.min_distance = 0.5 * setup.min_pair_distance;

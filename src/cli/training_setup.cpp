@@ -475,6 +475,10 @@ TrainingSetup build_training(const Config& input_config,
   }
   s.e0 = e0;
   s.e0_source = e0_choice.source;
+  if (source && source->meta.origin.is_object()) {
+    s.origin = source->meta.origin;
+    s.origin["fine_tuned_from"] = *config.model.init_from;
+  }
   s.scale = scale;
   s.shift = shift;
   s.model = model;

@@ -279,9 +279,11 @@ std::vector<Key> build_schema() {
            0.0);
   add("model.init_from", Kind::kOptString, "",
       "Fine-tuning: start from the weights of this trained model (a run directory, or a model.pt "
-      "with model.json beside it) of the same model.type and settings; every parameter whose "
-      "shape differs is named in an error. The energy normalization (data.e0s, scale, shift) is "
-      "fitted on the new data. null = random initialization.",
+      "with model.json beside it) of the same model.type and settings, every parameter whose "
+      "shape differs named in an error; or from a MACE file (a _compiled.model, or a .pt with "
+      "its hyper-parameters beside it as .json), whose architecture the run takes (a model key "
+      "set to another value is refused). The source's energy scale and shift are kept; the E0s "
+      "follow data.e0s (foundation keeps the source's). null = random initialization.",
       [](Config& c) -> void* { return &c.model.init_from; });
   for (const auto& f : model_registry()) {
     for (const auto& mk : f.keys) {

@@ -180,6 +180,8 @@ TEST_F(MaceImportE2e, FineTuningAnImportedModelStartsFromItAndFreezes) {
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   const LoadedModel tuned = load_model((dir_ / "ft_frozen").string());
   EXPECT_EQ(tuned.meta.e0, src.meta.e0);
+  EXPECT_EQ(tuned.meta.origin.at("format"), "mace");  // the lineage stays in model.json
+  EXPECT_EQ(tuned.meta.origin.at("fine_tuned_from"), pt);
   const auto before = src.model->module().named_parameters();
   int same = 0, moved = 0;
   for (const auto& item : tuned.model->module().named_parameters()) {

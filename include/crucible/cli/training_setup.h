@@ -15,6 +15,7 @@
 #include "crucible/training/thread_choice.h"
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -54,6 +55,10 @@ struct TrainingSetup {
   std::vector<std::string> warnings;    ///< e.g. dropped loss terms, unseen elements.
   at::Tensor e0;                        ///< [119] float64 eV, index = Z (MACE E0s).
   std::string e0_source;                ///< where the E0s came from (data.e0s; model.json e0_source).
+  /// model.json "origin" of the run's model: for a model.init_from whose
+  /// source was imported (issue 46), the source's origin with
+  /// "fine_tuned_from"; null otherwise.
+  nlohmann::json origin;
   double scale = 1, shift = 0;          ///< eV, eV/atom (fit_energy_scale_shift).
   /// Closest pair of atoms within the cutoff in the training split, Å
   /// (infinity without pairs); model.json records half of it.
