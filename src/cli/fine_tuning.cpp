@@ -72,15 +72,7 @@ LoadedModel load_mace_file(const std::string& path) {
   ImportedMace imp = import_mace(file);
   LoadedModel out;
   out.model = imp.model;
-  out.meta.model_type = "mace";
-  out.meta.hyperparameters = model_factory("mace").to_json(*imp.model);
-  out.meta.dtype = dtype_name(imp.dtype);
-  out.meta.atomic_numbers = imp.model->elements();
-  out.meta.e0 = imp.e0;
-  out.meta.e0_source = "MACE file";
-  out.meta.scale = imp.scale;
-  out.meta.shift = imp.shift;
-  out.meta.origin = imp.origin;
+  out.meta = imported_metadata(imp);
   return out;
 }
 
@@ -127,6 +119,20 @@ void initialize_from(EnergyModel& target, const EnergyModel& source, const std::
   }
   at::NoGradGuard no_grad;
   for (auto& item : dst_params) item.value().copy_(*src_params.find(item.key()));
+}
+
+ModelMetadata imported_metadata(const ImportedMace& imported) {
+  ModelMetadata meta;
+  meta.model_type = "mace";
+  meta.hyperparameters = model_factory("mace").to_json(*imported.model);
+  meta.dtype = dtype_name(imported.dtype);
+  meta.atomic_numbers = imported.model->elements();
+  meta.e0 = imported.e0;
+  meta.e0_source = "MACE file";
+  meta.scale = imported.scale;
+  meta.shift = imported.shift;
+  meta.origin = imported.origin;
+  return meta;
 }
 
 bool is_imported_model(const EnergyModel& model) {

@@ -6,9 +6,9 @@
 
 #include "crucible/checkpoint/sha256.h"
 #include "crucible/cli/commands.h"
+#include "crucible/cli/fine_tuning.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/common/error.h"
-#include "crucible/common/dtype_names.h"
 #include "crucible/models/mace/mace_export.h"
 #include "crucible/models/mace/mace_import.h"
 
@@ -53,15 +53,7 @@ void run_import_mace(const ImportMaceRequest& req, std::ostream& out) {
     probe_line = fmt::format("  probe ({} atoms, {} edges, float64): energy {:.1e}, forces {:.1e} relative to MACE's own module\n",
                              p.atoms, p.edges, p.energy, p.forces);
   }
-  ModelMetadata meta;
-  meta.model_type = "mace";
-  meta.dtype = dtype_name(imp.dtype);
-  meta.atomic_numbers = imp.model->elements();
-  meta.e0 = imp.e0;
-  meta.e0_source = "MACE file";
-  meta.scale = imp.scale;
-  meta.shift = imp.shift;
-  meta.origin = imp.origin;
+  ModelMetadata meta = imported_metadata(imp);
   std::ifstream in(req.file, std::ios::binary);
   meta.origin["sha256"] = checkpoint::sha256_hex(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
   meta.origin["file"] = fs::absolute(req.file).string();

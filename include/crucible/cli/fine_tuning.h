@@ -7,6 +7,7 @@
 #include "crucible/config/config.h"
 #include "crucible/data/structure.h"
 #include "crucible/models/energy_model.h"
+#include "crucible/models/mace/mace_import.h"
 
 #include <set>
 #include <string>
@@ -22,6 +23,11 @@ namespace crucible {
 /// @throws ConfigError naming model.init_from if it cannot be loaded or
 ///         imported, or is of another type than `model_type`.
 LoadedModel load_init_from(const std::string& path, const std::string& model_type);
+
+/// The model.json record of a model imported from MACE (issue 46): type
+/// mace, the model's hyper-parameters and dtype, its elements, E0s ("MACE
+/// file"), scale, shift and origin. Never throws.
+ModelMetadata imported_metadata(const ImportedMace& imported);
 
 /// True for a source whose architecture cannot be rebuilt from the config
 /// (an imported MACE model: its tables come from its file), so the run
