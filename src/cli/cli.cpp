@@ -40,8 +40,7 @@ std::string shell_quote(const std::string& s) {
 }
 
 Config resolve_config(const std::string& config_file, const std::vector<std::string>& overrides) {
-  Config config = config_file.empty() ? default_config() : load_config_file(config_file);
-  apply_overrides(config, overrides);
+  Config config = load_run_config(config_file, overrides);  // with model.type's recipe
   validate_config(config);
   return config;
 }

@@ -57,11 +57,10 @@ UnitSetting unit_from_json(const json& j, UnitQuantity q) {
 
 }  // namespace
 
-void save_model(const std::string& run_dir, EnergyModel& model, const ModelMetadata& meta) {
-  const fs::path dir(run_dir);
+void save_model_weights(const std::string& file, EnergyModel& model) {
   model.module().to(at::kCPU);
-  const fs::path pt = dir / "model.pt";
-  const fs::path pt_tmp = dir / "model.pt.tmp";
+  const fs::path pt(file);
+  const fs::path pt_tmp = pt.string() + ".tmp";
   try {
     torch::serialize::OutputArchive archive;
     model.module().save(archive);
@@ -72,6 +71,11 @@ void save_model(const std::string& run_dir, EnergyModel& model, const ModelMetad
   std::error_code ec;
   fs::rename(pt_tmp, pt, ec);
   if (ec) throw DataError(pt.string() + ": cannot be written (" + ec.message() + ")");
+}
+
+void save_model(const std::string& run_dir, EnergyModel& model, const ModelMetadata& meta) {
+  const fs::path dir(run_dir);
+  save_model_weights((dir / "model.pt").string(), model);
 
   json j;
   j["format"] = kFormat;
@@ -109,10 +113,13 @@ void save_model(const std::string& run_dir, EnergyModel& model, const ModelMetad
   write_text_atomically(dir / "model.json", j.dump(2) + "\n");
 }
 
-LoadedModel load_model(const std::string& run_dir) {
-  const fs::path dir(run_dir);
+LoadedModel load_model(const std::string& path) {
+  // A weights file (model_last.pt) takes the model.json beside it.
+  const bool weights_file = fs::is_regular_file(path) && fs::path(path).extension() == ".pt";
+  const fs::path dir = weights_file ? fs::path(path).parent_path() : fs::path(path);
+  const std::string run_dir = dir.empty() ? std::string(".") : dir.string();
   const fs::path json_path = dir / "model.json";
-  const fs::path pt = dir / "model.pt";
+  const fs::path pt = weights_file ? fs::path(path) : dir / "model.pt";
   if (!fs::is_directory(dir)) {
     throw DataError(run_dir + ": model directory does not exist (expected a run directory with "
                               "model.json and model.pt)");

@@ -19,7 +19,9 @@
 #include "crucible/models/registry.h"
 
 #include <fmt/ranges.h>
+#include "crucible/training/best_model.h"
 #include "crucible/training/checkpointing.h"
+#include "crucible/training/metrics.h"
 #include "crucible/training/ema.h"
 #include "crucible/training/gradient_accumulation.h"
 #include "crucible/training/gradient_clipping.h"
@@ -180,7 +182,7 @@ void prepare_run_dir(const fs::path& p) {
   if (ec) throw DataError(p.string() + ": run directory cannot be created (" + ec.message() + ")");
   probe_writable(p);
   // summary.json first: from now on the directory must not look finished.
-  for (const char* f : {"summary.json", "model.pt", "model.json", "metrics.csv", "metrics.jsonl",
+  for (const char* f : {"summary.json", "model.pt", "model_last.pt", "model.json", "metrics.csv", "metrics.jsonl",
                         "learning_curve.svg", "config.yaml"}) {
     fs::remove(p / f, ec);
     if (ec) throw DataError((p / f).string() + ": cannot remove old file (" + ec.message() + ")");
@@ -433,7 +435,10 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
                      config.data.stress_unit.to_string());
   out << fmt::format("  elements   {}\n", elem_text);
   out << fmt::format("  E0 (eV)    {} ({})\n", e0_text, setup.e0_source);
-  out << fmt::format("  scale      {:.6g} eV, shift {:.6g} eV/atom\n", scale, shift);
+  out << fmt::format("  scale      {:.6g} eV, shift {:.6g} eV/atom ({})\n", scale, shift,
+                     config.model.init_from ? std::string("the source model's")
+                                            : fmt::format("model.scaling {}, model.shift {}",
+                                                          config.model.scaling, config.model.shift));
   if (is_imported_model(*setup.model)) {
     // Issue 46: the architecture is the imported source's, not the config's keys.
     nlohmann::json h = model_factory(config.model.type).to_json(*setup.model);
@@ -476,7 +481,8 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
                          ? fmt::format(", {} batches/step", tc.gradient_accumulation_steps)
                          : "",
                      tc.num_epochs ? fmt::format(", {} epochs", *tc.num_epochs) : "");
-  if (spike_hook || ema_hook) {
+  const std::optional<int64_t> stage_two_start = stage_two_start_epoch(tc);
+  if (spike_hook || ema_hook || stage_two_start) {
     std::string extras;
     if (spike_hook) {
       extras += fmt::format("spike skipping k {} window {} min_history {}", tc.spike_skipping.k,
@@ -486,9 +492,27 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
       extras += fmt::format("{}EMA decay {} every {} from step {}{}", extras.empty() ? "" : "; ",
                             tc.ema.decay, tc.ema.update_every, tc.ema.start_step,
                             tc.ema.use_for_validation ? " (validation and model.pt use it)" : "");
+      if (tc.ema.warmup) extras += ", warmup min(decay, (1+k)/(10+k))";
+    }
+    if (stage_two_start) {
+      extras += fmt::format("{}stage two from epoch {} (counted from 0): lr {}, weights energy {} "
+                            "forces {} stress {}",
+                            extras.empty() ? "" : "; ", *stage_two_start, tc.stage_two.lr,
+                            tc.stage_two.energy_weight, tc.stage_two.forces_weight,
+                            tc.stage_two.stress_weight);
     }
     out << fmt::format("  updates    {}\n", extras);
   }
+  out << fmt::format("  model.pt   {}{}\n",
+                     config.output.model_pt == "best"
+                         ? fmt::format("the best validation by {}{} (the last weights in model_last.pt)",
+                                       tc.early_stopping.monitor,
+                                       stage_two_start ? " within stage two" : "")
+                         : std::string("the last weights"),
+                     tc.early_stopping.patience > 0
+                         ? fmt::format("; early stopping after {} validations without improvement",
+                                       tc.early_stopping.patience)
+                         : std::string());
   out << fmt::format("  device     {}, {}, CPU threads: {}\n", device.str(),
                      tc.precision ? dtype_name + ", precision " + *tc.precision : tc.dtype,
                      setup.threads.describe());
@@ -680,13 +704,23 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   meta.shift = shift;
   if (std::isfinite(setup.min_pair_distance)) meta.min_distance = 0.5 * setup.min_pair_distance;
   meta.data = config.data;
-  // With EMA for validation, model.pt holds the averaged weights (MACE).
+  // With EMA for validation, model.pt holds the averaged weights (MACE);
+  // with output.model_pt = best, those of the best validation (MACE and
+  // NequIP export the best model), the last ones beside it.
   auto inference = tc.ema.use_for_validation ? strategy.inference_model() : nullptr;
-  if (inference) {
-    save_model(run_dir.string(), *inference, meta);
-  } else {
-    save_model(run_dir.string(), model, meta);
+  EnergyModel& saved = inference ? *inference : model;
+  const BestModelHook* best = setup.best_hook.get();
+  const bool keep_best = config.output.model_pt == "best" && best && best->has_best();
+  ValidationSummary model_pt_metrics = final_metrics;
+  if (keep_best) {
+    save_model_weights((run_dir / "model_last.pt").string(), saved);
+    best->copy_best_into(saved.module());
+    EvaluateOptions eo;
+    eo.batch_size = tc.valid_batch_size;
+    eo.dtype = strategy.batch_dtype();
+    model_pt_metrics = evaluate_model(saved, *setup.valid_data, at::Device(at::kCPU), eo);
   }
+  save_model(run_dir.string(), saved, meta);
 
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -709,7 +743,16 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   summary["train_structures"] = train.size();
   summary["valid_structures"] = valid.size();
   summary["final_train_loss"] = std::isfinite(final_loss) ? json(final_loss) : json();
-  summary["validation"] = summary_json(final_metrics);
+  summary["validation"] = summary_json(model_pt_metrics);  // of model.pt's weights
+  summary["model_pt"] = {{"weights", keep_best ? "best" : "last"},
+                         {"monitor", tc.early_stopping.monitor}};
+  if (keep_best) {
+    summary["model_pt"]["epoch"] = best->best_epoch();
+    summary["model_pt"]["step"] = best->best_step();
+    summary["model_pt"]["value"] = best->best();
+    summary["last_validation"] = summary_json(final_metrics);  // of model_last.pt
+  }
+  if (!strategy.finish_reason().empty()) summary["early_stopping"] = strategy.finish_reason();
   summary["units"] = {{"energy_mae", "meV/atom"},  {"energy_rmse", "meV/atom"},
                       {"forces_mae", "meV/Å"},     {"forces_rmse", "meV/Å"},
                       {"stress_mae", "meV/Å^3"},   {"stress_rmse", "meV/Å^3"},
@@ -744,6 +787,18 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
     out << fmt::format("  16-mixed gradient scaler: final scale {}\n",
                        strategy.precision_hook()->scale());
   }
+  if (!strategy.finish_reason().empty()) out << strategy.finish_reason() << "\n";
+  if (keep_best) {
+    const auto& b = model_pt_metrics;
+    out << fmt::format("model.pt: the best validation ({} {:.6g}, after epoch {}, step {}): energy "
+                       "MAE {}, forces MAE {}; model_last.pt: the weights above\n",
+                       tc.early_stopping.monitor, best->best(), best->best_epoch(),
+                       best->best_step(), format_metric(b.energy_mae, b.num_energies, "meV/atom"),
+                       format_metric(b.forces_mae, b.num_forces, "meV/Å"));
+  } else if (config.output.model_pt == "best") {
+    out << fmt::format("model.pt: the last weights (no validation had a finite {})\n",
+                       tc.early_stopping.monitor);
+  }
   out << fmt::format("wall time {:.1f} s; {} steps, {} epochs{}; run directory {}\n", wall,
                      strategy.step_count, strategy.epoch_count,
                      spike_hook ? fmt::format(", {} skipped steps", spike_hook->skipped_steps())
@@ -753,7 +808,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
 
   TrainResult result;
   result.run_dir = run_dir.string();
-  result.validation = final_metrics;
+  result.validation = model_pt_metrics;
   result.wall_seconds = wall;
   result.steps = strategy.step_count;
   result.epochs = strategy.epoch_count;

@@ -24,6 +24,8 @@
 #include "crucible/losses/loss.h"
 #include "crucible/training/gradient_accumulation.h"
 #include "crucible/training/gradient_clipping.h"
+#include "crucible/training/best_model.h"
+#include "crucible/training/stage_two.h"
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -198,7 +200,8 @@ TrainingSetup build_training(const Config& input_config,
   const LabelCounts vl = count_labels(valid);
   // Issue 18: a label with a positive loss weight must be in the data; the
   // message lists the file's keys and the MACE name that would match.
-  const auto& lw = tc.loss;
+  const LossSettings effective_loss = effective_loss_settings(tc);  // with stage two
+  const auto& lw = effective_loss;
   if (tl.energy == 0 && (max_loss_weight(lw, "energy") > 0 || tl.forces == 0)) {
     throw DataError(missing_label_message(train, train_path, LabelKind::kEnergy, config.data) +
                     (tl.forces > 0 ? "; or set training.loss.energy_weight=0 to train on forces only" : ""));
@@ -228,7 +231,7 @@ TrainingSetup build_training(const Config& input_config,
   }
 
   // ---- loss terms: only those with a positive weight and labels.
-  const auto& lc = tc.loss;
+  const auto& lc = effective_loss;
   WeightedSumLoss loss;
   std::vector<std::string> terms;
   std::string loss_text;
@@ -307,7 +310,9 @@ TrainingSetup build_training(const Config& input_config,
   }
   const at::Tensor e0 = e0_choice.e0;
   const auto [scale, shift] = source ? std::pair<double, double>{source->meta.scale, source->meta.shift}
-                                     : fit_energy_scale_shift(train_and_pool, e0);
+                                     : fit_energy_scale_shift(train_and_pool, e0,
+                                                              parse_energy_scaling(config.model.scaling),
+                                                              config.model.shift == "mean");
 
   // ---- datasets, model, strategy (all may still reject the config).
   // An imported source brings its own architecture, cutoff included.
@@ -453,9 +458,17 @@ TrainingSetup build_training(const Config& input_config,
   std::shared_ptr<EmaHook> ema_hook;
   if (tc.ema.enabled) {
     ema_hook = std::make_shared<EmaHook>(
-        EmaOptions{tc.ema.decay, tc.ema.update_every, tc.ema.start_step});
+        EmaOptions{tc.ema.decay, tc.ema.update_every, tc.ema.start_step, tc.ema.warmup});
     strategy->register_hook(ema_hook);
   }
+  const std::optional<int64_t> stage_two_start = stage_two_start_epoch(tc);
+  if (stage_two_start) {
+    strategy->register_hook(std::make_shared<StageTwoHook>(StageTwoOptions{*stage_two_start, tc.stage_two.lr}));
+  }
+  // The best validation's weights (model.pt) and early stopping.
+  auto best_hook = std::make_shared<BestModelHook>(
+      BestModelOptions{tc.early_stopping.monitor, tc.early_stopping.patience, stage_two_start});
+  strategy->register_hook(best_hook);
   for (const auto& h : hooks) strategy->register_hook(h);
 
   TrainingSetup s;
@@ -492,6 +505,7 @@ TrainingSetup build_training(const Config& input_config,
   s.strategy = std::move(strategy);
   s.spike_hook = spike_hook;
   s.ema_hook = ema_hook;
+  s.best_hook = best_hook;
   s.config = std::move(config);
   return s;
 }

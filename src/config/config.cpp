@@ -2,6 +2,7 @@
 // overrides, validation, dumping and documentation.
 
 #include "crucible/config/config.h"
+#include "mace_names.h"
 
 #include "crucible/common/error.h"
 #include "crucible/data/extxyz.h"
@@ -9,6 +10,7 @@
 #include "crucible/losses/loss.h"
 #include "crucible/losses/loss_weight_schedule.h"
 #include "crucible/training/lr_scheduler.h"
+#include "crucible/training/metrics.h"
 #include "crucible/training/optimizers.h"
 
 #include <fmt/format.h>
@@ -285,6 +287,19 @@ std::vector<Key> build_schema() {
       "set to another value is refused). The source's energy scale and shift are kept; the E0s "
       "follow data.e0s (foundation keeps the source's). null = random initialization.",
       [](Config& c) -> void* { return &c.model.init_from; });
+  add("model.scaling", Kind::kString, "",
+      "Energy scale of the learned part (MACE --scaling): rms_forces_scaling (RMS of the "
+      "training force components), std_scaling (standard deviation of the per-atom residual "
+      "energy (E - sum E0)/N) or no_scaling (1). Not with model.init_from (the source's scale "
+      "is kept).",
+      [](Config& c) -> void* { return &c.model.scaling; })
+      .choices = {"rms_forces_scaling", "std_scaling", "no_scaling"};
+  add("model.shift", Kind::kString, "",
+      "Per-atom energy shift of the learned part: mean (mean per-atom residual energy of the "
+      "training set, MACE's ScaleShiftMACE) or zero (MACE's default model, whose E0s alone carry "
+      "the mean). Not with model.init_from (the source's shift is kept).",
+      [](Config& c) -> void* { return &c.model.shift; })
+      .choices = {"mean", "zero"};
   for (const auto& f : model_registry()) {
     for (const auto& mk : f.keys) {
       const std::string id = f.type + "." + mk.name;
@@ -445,12 +460,11 @@ std::vector<Key> build_schema() {
     key.max_inclusive = true;
   }
   add("training.scheduler.monitor", Kind::kString, "",
-      "plateau: validation metric to minimise (energy_mae, energy_rmse, forces_mae, "
-      "forces_rmse, stress_mae, stress_rmse; a val/ prefix is accepted).",
+      "plateau: validation monitor to minimise: loss (the weighted training loss on the "
+      "validation set, MACE's) or a metric (energy_mae, energy_rmse, forces_mae, forces_rmse, "
+      "stress_mae, stress_rmse); a val/ prefix is accepted.",
       [](Config& c) -> void* { return &c.training.scheduler.monitor; })
-      .choices = {"energy_mae",      "energy_rmse",      "forces_mae",      "forces_rmse",
-                  "stress_mae",      "stress_rmse",      "val/energy_mae",  "val/energy_rmse",
-                  "val/forces_mae",  "val/forces_rmse",  "val/stress_mae",  "val/stress_rmse"};
+      .choices = validation_monitor_names();
   {
     Key& key = add("training.scheduler.factor", Kind::kFloat, "",
                    "plateau: learning-rate multiplier on a plateau, in (0, 1).",
@@ -558,10 +572,56 @@ std::vector<Key> build_schema() {
                "update copies the weights.",
                [](Config& c) -> void* { return &c.training.ema.start_step; }),
            0.0);
+  add("training.ema.warmup", Kind::kBool, "",
+      "Average update k (from 1) with min(decay, (1 + k)/(10 + k)) instead of decay, so early "
+      "averages follow the weights (torch_ema use_num_updates, as MACE; 0.99 is reached at k = "
+      "890).",
+      [](Config& c) -> void* { return &c.training.ema.warmup; });
   add("training.ema.use_for_validation", Kind::kBool, "",
       "Validate, report and save model.pt with the averaged weights instead of the live "
       "ones (MACE and Lightning EMA callbacks do so).",
       [](Config& c) -> void* { return &c.training.ema.use_for_validation; });
+  add("training.stage_two.enabled", Kind::kBool, "",
+      "MACE's stage two (its SWA stage, --swa): from training.stage_two.start_epoch on, the loss "
+      "weights jump to the stage-two weights and the learning rate is held at "
+      "training.stage_two.lr (the schedule stops); the best model is then chosen among "
+      "stage-two validations. Not with a training.loss.schedule.",
+      [](Config& c) -> void* { return &c.training.stage_two.enabled; });
+  min_incl(add("training.stage_two.start_epoch", Kind::kOptInt, "",
+               "First epoch (counted from 0) of stage two, < training.num_epochs. null = "
+               "max(1, floor(num_epochs / 4) * 3), MACE's default (needs training.num_epochs).",
+               [](Config& c) -> void* { return &c.training.stage_two.start_epoch; }),
+           0.0);
+  min_excl(add("training.stage_two.lr", Kind::kFloat, "",
+               "Learning rate of stage two (MACE swa_lr).",
+               [](Config& c) -> void* { return &c.training.stage_two.lr; }),
+           0.0);
+  min_incl(add("training.stage_two.energy_weight", Kind::kFloat, "",
+               "Energy weight of stage two (MACE swa_energy_weight).",
+               [](Config& c) -> void* { return &c.training.stage_two.energy_weight; }),
+           0.0);
+  min_incl(add("training.stage_two.forces_weight", Kind::kFloat, "",
+               "Forces weight of stage two (MACE swa_forces_weight).",
+               [](Config& c) -> void* { return &c.training.stage_two.forces_weight; }),
+           0.0);
+  min_incl(add("training.stage_two.stress_weight", Kind::kFloat, "",
+               "Stress weight of stage two (MACE swa_stress_weight); used where the data has "
+               "stresses.",
+               [](Config& c) -> void* { return &c.training.stage_two.stress_weight; }),
+           0.0);
+  add("training.early_stopping.monitor", Kind::kString, "",
+      "Validation monitor whose lowest value picks the best model (model.pt with "
+      "output.model_pt = best) and drives early stopping: loss (the weighted training loss on "
+      "the validation set with the weights of the current stage, MACE's validation loss) or a "
+      "metric (energy_mae, energy_rmse, forces_mae, forces_rmse, stress_mae, stress_rmse; a "
+      "val/ prefix is accepted).",
+      [](Config& c) -> void* { return &c.training.early_stopping.monitor; })
+      .choices = validation_monitor_names();
+  min_incl(add("training.early_stopping.patience", Kind::kInt, "",
+               "Finish the run after this many validations in a row without a lower "
+               "training.early_stopping.monitor (MACE --patience); 0 = never.",
+               [](Config& c) -> void* { return &c.training.early_stopping.patience; }),
+           0.0);
   min_incl(add("training.loss.energy_weight", Kind::kFloat, "",
                "Weight of the energy term (0 = off). With mse the term is in eV²/atom² "
                "with energy_per_atom, else eV².",
@@ -696,6 +756,12 @@ std::vector<Key> build_schema() {
                "all.",
                [](Config& c) -> void* { return &c.output.keep_last_checkpoints; }),
            0.0);
+  add("output.model_pt", Kind::kString, "",
+      "What model.pt holds: best (the weights of the validation with the lowest "
+      "training.early_stopping.monitor, as MACE and NequIP export; the last weights are kept "
+      "beside it as model_last.pt) or last (the weights after the last step).",
+      [](Config& c) -> void* { return &c.output.model_pt; })
+      .choices = {"best", "last"};
   min_incl(add("output.log_every_n_steps", Kind::kInt, "",
                "metrics.jsonl gets a training line (loss, its terms, lr) at optimizer steps "
                "1, 1+n, 1+2n, ... and a line per validation.",
@@ -1144,7 +1210,14 @@ void apply_mapping(Config& config, const YAML::Node& node, const std::string& se
     if (const Key* key = find_key(path)) {
       set_value(config, *key, kv.second, src, layer);
     } else if (is_section(path)) {
+      // MACE's flat YAML has "model: MACE": a value where Crucible has a section.
+      const std::string hint = kv.second.IsScalar() ? config_detail::mace_key_hint(path) : "";
+      if (!hint.empty()) {
+        throw ConfigError("config key '" + printable(path) + "'" + src.where(k) + " " + hint);
+      }
       apply_mapping(config, kv.second, path, src, layer);
+    } else if (const std::string hint = config_detail::mace_key_hint(path); !hint.empty()) {
+      throw ConfigError("config key '" + printable(path) + "'" + src.where(k) + " " + hint);
     } else if (const std::string moved = moved_model_key(path); !moved.empty()) {
       throw ConfigError("config key '" + path + "'" + src.where(k) + " moved to " + moved +
                         " (each model's hyperparameters are model.<type>.*)");
@@ -1380,6 +1453,25 @@ std::string read_config_text(const std::string& path, const std::string& what) {
   return text;
 }
 
+std::string model_type_recipe(const std::string& model_type) {
+  return model_type == "mace" ? config_detail::mace_recipe_yaml() : "";
+}
+
+Config load_run_config(const std::string& config_file, const std::vector<std::string>& overrides) {
+  const std::string text = config_file.empty() ? "" : read_config_text(config_file, "config file");
+  auto layered = [&](const std::string& model_type) {
+    Config c = default_config();
+    const std::string recipe = model_type_recipe(model_type);
+    if (!recipe.empty()) apply_config_yaml(c, recipe, "the model.type " + model_type + " recipe");
+    if (!config_file.empty()) apply_config_yaml(c, text, config_file);
+    apply_overrides(c, overrides);
+    return c;
+  };
+  Config plain = layered("");
+  // The user's layers name the model type; its recipe goes under them.
+  return model_type_recipe(plain.model.type).empty() ? plain : layered(plain.model.type);
+}
+
 Config load_config_file(const std::string& path) {
   Config config = default_config();
   apply_config_yaml(config, read_config_text(path, "config file"), path);
@@ -1436,6 +1528,13 @@ struct UsedOption {
   std::vector<std::string> by;
 };
 
+/// True when `v` differs from the built-in default and from the model
+/// type's recipe value (either counts as keeping "its default").
+template <class T>
+bool differs(const T& v, const T& plain, const T& recipe) {
+  return v != plain && v != recipe;
+}
+
 /// The first changed option that `kind` does not use, or null.
 const UsedOption* first_foreign_option(const std::vector<UsedOption>& options,
                                        const std::string& kind) {
@@ -1448,6 +1547,13 @@ const UsedOption* first_foreign_option(const std::vector<UsedOption>& options,
 }  // namespace
 
 void validate_config(const Config& config) {
+  // "Keep its default" means the default of this model type: its recipe's
+  // value where it has one (a MACE run may switch the plateau schedule off
+  // without resetting the plateau options the recipe set).
+  Config base = default_config();
+  if (const std::string recipe = model_type_recipe(config.model.type); !recipe.empty()) {
+    apply_config_yaml(base, recipe, "the model.type " + config.model.type + " recipe");
+  }
   for (const auto& key : schema()) {
     void* p = key.ref(const_cast<Config&>(config));
     std::string e;
@@ -1529,7 +1635,7 @@ void validate_config(const Config& config) {
                       (t.precision ? "'" + *t.precision + "'" : std::string("null")));
   }
   {
-    const LossSettings d;
+    const LossSettings& d = base.training.loss;
     const auto& l = t.loss;
     if (l.kind != "huber" && l.huber_delta != d.huber_delta) {
       throw ConfigError("training.loss.huber_delta is used only with training.loss.kind = huber; "
@@ -1557,21 +1663,69 @@ void validate_config(const Config& config) {
     }
   }
   {
+    // Stage two (MACE's SWA stage) owns the loss weights from its epoch on.
+    const StageTwoSettings& d = base.training.stage_two;
+    const auto& st = t.stage_two;
+    if (!st.enabled) {
+      for (const auto& [key, changed] : std::vector<std::pair<std::string, bool>>{
+               {"start_epoch", st.start_epoch != d.start_epoch},
+               {"lr", st.lr != d.lr},
+               {"energy_weight", st.energy_weight != d.energy_weight},
+               {"forces_weight", st.forces_weight != d.forces_weight},
+               {"stress_weight", st.stress_weight != d.stress_weight}}) {
+        if (changed) {
+          throw ConfigError("training.stage_two." + key + " is used only by stage two; set "
+                            "training.stage_two.enabled=true, or keep its default");
+        }
+      }
+    } else {
+      if (t.loss.schedule != "constant") {
+        throw ConfigError("training.stage_two sets the loss weights from its start epoch, so "
+                          "training.loss.schedule must be constant, got '" + t.loss.schedule +
+                          "'; use one of the two");
+      }
+      if (!st.start_epoch && !t.num_epochs) {
+        throw ConfigError("training.stage_two.start_epoch must be set when training.num_steps "
+                          "is (its default is 3/4 of training.num_epochs), got null");
+      }
+      if (st.start_epoch && t.num_epochs && *st.start_epoch >= *t.num_epochs) {
+        throw ConfigError("training.stage_two.start_epoch must be < training.num_epochs (" +
+                          std::to_string(*t.num_epochs) + "), got " +
+                          std::to_string(*st.start_epoch) + "; stage two would never start");
+      }
+      if (st.energy_weight <= 0 && st.forces_weight <= 0 && st.stress_weight <= 0) {
+        throw ConfigError("training.stage_two must have at least one weight > 0 "
+                          "(energy_weight, forces_weight, stress_weight), got all 0");
+      }
+    }
+    if (config.model.init_from) {
+      const ModelConfig& md = base.model;
+      for (const auto& [key, changed] : std::vector<std::pair<std::string, bool>>{
+               {"scaling", config.model.scaling != md.scaling},
+               {"shift", config.model.shift != md.shift}}) {
+        if (changed) {
+          throw ConfigError("model." + key + " must keep its default with model.init_from: "
+                            "the source model's energy scale and shift are kept");
+        }
+      }
+    }
+  }
+  {
     // Options an optimizer does not have must keep their defaults.
-    const OptimizerSettings d;
+    const OptimizerSettings& d = base.training.optimizer;
     const auto& o = t.optimizer;
     const std::vector<UsedOption> used = {
-        {"beta1", o.beta1 != d.beta1, {"adam", "adamw"}},
-        {"beta2", o.beta2 != d.beta2, {"adam", "adamw"}},
-        {"amsgrad", o.amsgrad != d.amsgrad, {"adam", "adamw"}},
-        {"eps", o.eps != d.eps, {"adam", "adamw", "rmsprop", "adagrad"}},
-        {"momentum", o.momentum != d.momentum, {"sgd", "rmsprop"}},
-        {"dampening", o.dampening != d.dampening, {"sgd"}},
-        {"nesterov", o.nesterov != d.nesterov, {"sgd"}},
-        {"alpha", o.alpha != d.alpha, {"rmsprop"}},
-        {"centered", o.centered != d.centered, {"rmsprop"}},
-        {"lr_decay", o.lr_decay != d.lr_decay, {"adagrad"}},
-        {"initial_accumulator_value", o.initial_accumulator_value != d.initial_accumulator_value,
+        {"beta1", differs(o.beta1, OptimizerSettings{}.beta1, d.beta1), {"adam", "adamw"}},
+        {"beta2", differs(o.beta2, OptimizerSettings{}.beta2, d.beta2), {"adam", "adamw"}},
+        {"amsgrad", differs(o.amsgrad, OptimizerSettings{}.amsgrad, d.amsgrad), {"adam", "adamw"}},
+        {"eps", differs(o.eps, OptimizerSettings{}.eps, d.eps), {"adam", "adamw", "rmsprop", "adagrad"}},
+        {"momentum", differs(o.momentum, OptimizerSettings{}.momentum, d.momentum), {"sgd", "rmsprop"}},
+        {"dampening", differs(o.dampening, OptimizerSettings{}.dampening, d.dampening), {"sgd"}},
+        {"nesterov", differs(o.nesterov, OptimizerSettings{}.nesterov, d.nesterov), {"sgd"}},
+        {"alpha", differs(o.alpha, OptimizerSettings{}.alpha, d.alpha), {"rmsprop"}},
+        {"centered", differs(o.centered, OptimizerSettings{}.centered, d.centered), {"rmsprop"}},
+        {"lr_decay", differs(o.lr_decay, OptimizerSettings{}.lr_decay, d.lr_decay), {"adagrad"}},
+        {"initial_accumulator_value", differs(o.initial_accumulator_value, OptimizerSettings{}.initial_accumulator_value, d.initial_accumulator_value),
          {"adagrad"}},
     };
     if (const UsedOption* u = first_foreign_option(used, o.name)) {
@@ -1593,22 +1747,22 @@ void validate_config(const Config& config) {
   }
   {
     // Options a schedule does not use must keep their defaults.
-    const SchedulerSettings d;
+    const SchedulerSettings& d = base.training.scheduler;
     const auto& sc = t.scheduler;
     const std::vector<UsedOption> used = {
-        {"final_lr_factor", sc.final_lr_factor != d.final_lr_factor, {"cosine"}},
-        {"step_size", sc.step_size != d.step_size, {"step"}},
-        {"gamma", sc.gamma != d.gamma, {"step", "exponential"}},
-        {"warmup_steps", sc.warmup_steps != d.warmup_steps,
+        {"final_lr_factor", differs(sc.final_lr_factor, SchedulerSettings{}.final_lr_factor, d.final_lr_factor), {"cosine"}},
+        {"step_size", differs(sc.step_size, SchedulerSettings{}.step_size, d.step_size), {"step"}},
+        {"gamma", differs(sc.gamma, SchedulerSettings{}.gamma, d.gamma), {"step", "exponential"}},
+        {"warmup_steps", differs(sc.warmup_steps, SchedulerSettings{}.warmup_steps, d.warmup_steps),
          {"constant", "cosine", "step", "exponential"}},
-        {"warmup_start_factor", sc.warmup_start_factor != d.warmup_start_factor,
+        {"warmup_start_factor", differs(sc.warmup_start_factor, SchedulerSettings{}.warmup_start_factor, d.warmup_start_factor),
          {"constant", "cosine", "step", "exponential"}},
-        {"monitor", sc.monitor != d.monitor, {"plateau"}},
-        {"factor", sc.factor != d.factor, {"plateau"}},
-        {"patience", sc.patience != d.patience, {"plateau"}},
-        {"threshold", sc.threshold != d.threshold, {"plateau"}},
-        {"cooldown", sc.cooldown != d.cooldown, {"plateau"}},
-        {"min_lr", sc.min_lr != d.min_lr, {"plateau"}},
+        {"monitor", differs(sc.monitor, SchedulerSettings{}.monitor, d.monitor), {"plateau"}},
+        {"factor", differs(sc.factor, SchedulerSettings{}.factor, d.factor), {"plateau"}},
+        {"patience", differs(sc.patience, SchedulerSettings{}.patience, d.patience), {"plateau"}},
+        {"threshold", differs(sc.threshold, SchedulerSettings{}.threshold, d.threshold), {"plateau"}},
+        {"cooldown", differs(sc.cooldown, SchedulerSettings{}.cooldown, d.cooldown), {"plateau"}},
+        {"min_lr", differs(sc.min_lr, SchedulerSettings{}.min_lr, d.min_lr), {"plateau"}},
     };
     if (const UsedOption* u = first_foreign_option(used, sc.name)) {
       throw ConfigError("training.scheduler." + std::string(u->key) + " is used only by the " +
@@ -1814,6 +1968,29 @@ WeightedSumLoss loss_from_settings(const LossSettings& l) {
   loss.set_normalize_weights(l.normalize_weights);
   loss.set_config_type_weights(l.config_type_weights);
   return loss;
+}
+
+std::optional<int64_t> stage_two_start_epoch(const TrainingConfig& t) {
+  if (!t.stage_two.enabled) return std::nullopt;
+  if (t.stage_two.start_epoch) return *t.stage_two.start_epoch;
+  if (!t.num_epochs) {
+    throw ConfigError("training.stage_two.start_epoch must be set when training.num_steps is, "
+                      "got null");
+  }
+  return std::max<int64_t>(1, *t.num_epochs / 4 * 3);  // mace/tools/arg_parser_tools.py
+}
+
+LossSettings effective_loss_settings(const TrainingConfig& t) {
+  LossSettings l = t.loss;
+  const auto start = stage_two_start_epoch(t);
+  if (!start) return l;
+  l.schedule = "step";
+  l.schedule_clock = "epoch";
+  l.schedule_start = *start;
+  l.energy_weight_final = t.stage_two.energy_weight;
+  l.forces_weight_final = t.stage_two.forces_weight;
+  l.stress_weight_final = t.stage_two.stress_weight;
+  return l;
 }
 
 double max_loss_weight(const LossSettings& l, const std::string& name) {

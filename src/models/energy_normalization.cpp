@@ -90,8 +90,17 @@ std::vector<int64_t> inseparable_elements(const std::vector<Structure>& structur
   return out;
 }
 
+EnergyScaling parse_energy_scaling(const std::string& name) {
+  if (name == "rms_forces_scaling") return EnergyScaling::kRmsForces;
+  if (name == "std_scaling") return EnergyScaling::kStd;
+  if (name == "no_scaling") return EnergyScaling::kNone;
+  throw std::invalid_argument("energy scaling must be rms_forces_scaling, std_scaling or "
+                              "no_scaling, got '" + name + "'");
+}
+
 std::pair<double, double> fit_energy_scale_shift(const std::vector<Structure>& structures,
-                                                 const at::Tensor& e0) {
+                                                 const at::Tensor& e0, EnergyScaling scaling,
+                                                 bool fit_shift) {
   const at::Tensor e0d = e0.detach().to(at::kCPU, at::kDouble).contiguous();
   const int64_t nz = e0d.numel();
   const double* e0p = e0d.data_ptr<double>();
@@ -125,19 +134,29 @@ std::pair<double, double> fit_energy_scale_shift(const std::vector<Structure>& s
   if (!residuals.empty()) shift /= static_cast<double>(residuals.size());
 
   double scale = 0.0;
-  if (n_f > 0) {
-    scale = std::sqrt(sum_f2 / static_cast<double>(n_f));
-  }
-  if (!(scale > 0.0) || !std::isfinite(scale)) {
-    // Fallback: (population) std of the per-atom residual energies.
-    scale = 0.0;
+  if (scaling == EnergyScaling::kNone) {
+    scale = 1.0;
+  } else if (scaling == EnergyScaling::kStd) {
+    // Sample std (n - 1), as torch_scatter's scatter_std in MACE.
     if (residuals.size() > 1) {
       double var = 0.0;
       for (double r : residuals) var += (r - shift) * (r - shift);
-      scale = std::sqrt(var / static_cast<double>(residuals.size()));
+      scale = std::sqrt(var / static_cast<double>(residuals.size() - 1));
+    }
+  } else {
+    if (n_f > 0) scale = std::sqrt(sum_f2 / static_cast<double>(n_f));
+    if (!(scale > 0.0) || !std::isfinite(scale)) {
+      // Fallback: (population) std of the per-atom residual energies.
+      scale = 0.0;
+      if (residuals.size() > 1) {
+        double var = 0.0;
+        for (double r : residuals) var += (r - shift) * (r - shift);
+        scale = std::sqrt(var / static_cast<double>(residuals.size()));
+      }
     }
   }
-  if (!(scale > 0.0) || !std::isfinite(scale)) scale = 1.0;
+  if (!(scale > 0.0) || !std::isfinite(scale)) scale = 1.0;  // MACE _check_non_zero
+  if (!fit_shift) shift = 0.0;
   return {scale, shift};
 }
 

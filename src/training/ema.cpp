@@ -1,5 +1,7 @@
 #include "crucible/training/ema.h"
 
+#include <algorithm>
+
 #include "crucible/training/rng_state.h"
 
 #include <ATen/core/grad_mode.h>
@@ -136,7 +138,10 @@ void EmaHook::update(torch::nn::Module& module) {
     for (const auto& item : module.named_buffers(true))
       buffers_.emplace_back(item.key(), item.value().detach().clone());
   } else {
-    const double d = options_.decay;
+    // torch_ema use_num_updates (MACE): k = this update's number, from 1.
+    const double k = static_cast<double>(num_updates_ + 1);
+    const double d = options_.warmup ? std::min(options_.decay, (1.0 + k) / (10.0 + k))
+                                     : options_.decay;
     for (const auto& item : module.named_parameters(true)) {
       at::Tensor& sh = find_shadow(params_, item.key(), item.value(), "parameter");
       sh.mul_(d).add_(item.value().detach().to(sh.options()), 1.0 - d);

@@ -69,7 +69,19 @@ std::vector<double> LrScheduler::last_lr() const {
   return out;
 }
 
+void LrScheduler::hold(double lr) {
+  if (!(lr > 0.0) || !std::isfinite(lr)) {
+    throw std::invalid_argument("a held learning rate must be finite and > 0, got " + num(lr));
+  }
+  held_lr_ = lr;
+  for (size_t g = 0; g < base_lrs_.size(); ++g) set_lr(g, lr);
+}
+
 void LrScheduler::apply() {
+  if (held_lr_) {
+    for (size_t g = 0; g < base_lrs_.size(); ++g) set_lr(g, *held_lr_);
+    return;
+  }
   for (size_t g = 0; g < base_lrs_.size(); ++g) set_lr(g, lr_at(last_step_, base_lrs_[g]));
 }
 
@@ -85,6 +97,7 @@ std::map<std::string, double> LrScheduler::state_dict() const {
   for (size_t g = 0; g < base_lrs_.size(); ++g) {
     out["lr." + std::to_string(g)] = optimizer_->param_groups()[g].options().get_lr();
   }
+  if (held_lr_) out["held_lr"] = *held_lr_;
   return out;
 }
 
@@ -100,7 +113,11 @@ void LrScheduler::load_state_dict(const std::map<std::string, double>& state) {
   const auto step = static_cast<int64_t>(get(state, "last_step"));
   base_lrs_ = std::move(base);
   last_step_ = step;
-  if (metric_driven()) {
+  held_lr_.reset();
+  if (auto h = state.find("held_lr"); h != state.end()) held_lr_ = h->second;
+  if (held_lr_) {
+    apply();
+  } else if (metric_driven()) {
     for (size_t g = 0; g < groups; ++g) set_lr(g, get(state, "lr." + std::to_string(g)));
   } else {
     apply();
@@ -192,6 +209,7 @@ double ReduceLrOnPlateau::lr_at(int64_t step, double base_lr) const {
 
 void ReduceLrOnPlateau::step(double metric) {
   ++last_step_;
+  if (held_lr_) return;  // stage two: the metric no longer moves the lr
   // NaN compares false: it is never an improvement.
   if (metric < best_ * (1.0 - options_.threshold) || (std::isinf(best_) && metric < best_)) {
     best_ = metric;

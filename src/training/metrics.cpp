@@ -51,6 +51,29 @@ std::map<std::string, double> ErrorMetrics::as_map() const {
           {"zero_forces_mae", zero_forces_mae}};
 }
 
+std::vector<std::string> validation_monitor_names() {
+  std::vector<std::string> out{"loss"};
+  for (const auto& [k, v] : ErrorMetrics{}.as_map()) {
+    if (k != "zero_forces_mae") out.push_back(k);
+  }
+  const size_t n = out.size();
+  for (size_t i = 0; i < n; ++i) out.push_back("val/" + out[i]);
+  return out;
+}
+
+double validation_monitor_value(const ValidationSummary& summary, const std::string& monitor) {
+  const std::string key = monitor.rfind("val/", 0) == 0 ? monitor.substr(4) : monitor;
+  if (key == "loss") return summary.loss;
+  const auto names = validation_monitor_names();
+  if (std::find(names.begin(), names.end(), key) == names.end()) {
+    std::string known;
+    for (size_t i = 0; i < names.size() / 2; ++i) known += (i ? ", " : "") + names[i];
+    throw std::invalid_argument("must be a validation monitor (" + known +
+                                "), optionally prefixed with val/, got '" + monitor + "'");
+  }
+  return summary.as_map().at(key);
+}
+
 void MetricsAccumulator::add(const ModelOutputs& pred, const Batch& batch) {
   const auto cpu = at::Device(at::kCPU);
   const int64_t b = batch.num_graphs();

@@ -20,11 +20,6 @@ namespace crucible {
 
 namespace {
 
-/// A monitored metric name as a ValidationSummary::as_map() key ("val/" dropped).
-std::string metric_key(const std::string& monitor) {
-  return monitor.rfind("val/", 0) == 0 ? monitor.substr(4) : monitor;
-}
-
 LossOutput detach_losses(const LossOutput& in) {
   LossOutput out;
   out.total = in.total.detach();
@@ -228,14 +223,10 @@ void TrainingStrategy::check_configs() {
       throw ConfigError(e.scheduler_path + ": the plateau scheduler steps on a validation "
                         "metric and needs a validation config, got none");
     }
-    const std::string key = metric_key(e.config.scheduler->plateau.monitor);
-    const auto metrics = ValidationSummary{}.as_map();
-    if (metrics.count(key) == 0) {
-      std::string known;
-      for (const auto& [k, v] : metrics) known += (known.empty() ? "" : ", ") + k;
-      throw ConfigError(e.scheduler_path + ".monitor must be a validation metric (" + known +
-                        "), optionally prefixed with val/, got '" +
-                        e.config.scheduler->plateau.monitor + "'");
+    try {
+      (void)validation_monitor_value(ValidationSummary{}, e.config.scheduler->plateau.monitor);
+    } catch (const std::invalid_argument& err) {
+      throw ConfigError(e.scheduler_path + ".monitor " + err.what());
     }
   }
   // Primary model: "main", else the first configured one.
@@ -679,10 +670,9 @@ void TrainingStrategy::maybe_validate_after_step() {
 
 void TrainingStrategy::validate_and_step_metric_schedulers() {
   const ValidationSummary summary = validate();
-  const auto metrics = summary.as_map();
   for (auto& sched : schedulers_) {
     if (!sched || !sched->metric_driven()) continue;
-    sched->step(metrics.at(metric_key(sched->monitor())));  // checked at construction
+    sched->step(validation_monitor_value(summary, sched->monitor()));  // checked at construction
   }
 }
 
@@ -776,6 +766,8 @@ void TrainingStrategy::run(DataLoader& given_loader) {
       }
       saved_world_size_.reset();
     }
+    // Finished early (request_finish, possibly before a restore): no more steps.
+    if (finished_early_at_step_ >= 0) target = std::min(target, finished_early_at_step_);
     // Resumed from a checkpoint taken at the last step but before the end
     // stage (AFTER_TRAINING, the final validation, the end checkpoint):
     // run that stage now, so a run killed in between ends as an
@@ -807,6 +799,7 @@ void TrainingStrategy::run(DataLoader& given_loader) {
           if (epoch_step_count == 0) run_hooks(TrainingStage::BEFORE_EPOCH, ctx);
           train_batch_impl(batch);
           maybe_validate_after_step();
+          if (finished_early_at_step_ >= 0) target = std::min(target, step_count);
           set_configured_models_training();
           agree_on_stop_request();  // every worker stops at the same batch
           processed = true;
@@ -829,6 +822,7 @@ void TrainingStrategy::run(DataLoader& given_loader) {
           run_hooks(TrainingStage::AFTER_EPOCH, ctx);
           if (validation_due_after_epoch()) validate_and_step_metric_schedulers();
           set_configured_models_training();
+          if (finished_early_at_step_ >= 0) target = std::min(target, step_count);
         }
         if (stop_agreed_ && step_count < target) {
           stopped_early_ = true;

@@ -89,7 +89,8 @@ std::vector<std::pair<std::string, std::string>> TrainingStrategy::state_files()
                                               {"epoch_count", at::scalar_tensor(epoch_count, at::kLong)},
                                               {"epoch_step_count", at::scalar_tensor(epoch_step_count, at::kLong)},
                                               {"world_size", at::scalar_tensor(int64_t{world_size}, at::kLong)},
-                                              {"training_finished", at::scalar_tensor(int64_t{end_stage_done_}, at::kLong)}}));
+                                              {"training_finished", at::scalar_tensor(int64_t{end_stage_done_}, at::kLong)},
+                                              {"finished_early_at_step", at::scalar_tensor(finished_early_at_step_, at::kLong)}}));
   // Gradients of parameters no optimizer owns never land in a checkpoint
   // (seed 002 clears them before each batch).
   const std::set<const void*> owned = optimizer_owned_parameters();
@@ -191,6 +192,9 @@ void TrainingStrategy::restore_state_files(const std::map<std::string, std::stri
   epoch_step_count = saved["epoch_step_count"];
   // Absent in checkpoints written before it existed: the end stage is pending.
   end_stage_done_ = counters.count("training_finished") && counters.at("training_finished").item<int64_t>() != 0;
+  finished_early_at_step_ = counters.count("finished_early_at_step")
+                                ? counters.at("finished_early_at_step").item<int64_t>()
+                                : -1;
   // Another world size: run() re-bases the position in the epoch (issue 6).
   saved_world_size_.reset();
   if (counters.count("world_size")) {

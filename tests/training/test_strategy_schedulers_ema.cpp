@@ -134,8 +134,8 @@ TEST(StrategySchedulers, BadSchedulerConfigFailsAtConstruction) {
   o.validation = ValidationConfig{toy_dataset(2), 1, 0, 16};
   o.optimizer.scheduler->plateau.monitor = "force_mae";
   EXPECT_EQ(message(o),
-            "training.scheduler.monitor must be a validation metric (energy_mae, energy_rmse, "
-            "forces_mae, forces_rmse, stress_mae, stress_rmse, zero_forces_mae), optionally "
+            "training.scheduler.monitor must be a validation monitor (loss, energy_mae, "
+            "energy_rmse, forces_mae, forces_rmse, stress_mae, stress_rmse), optionally "
             "prefixed with val/, got 'force_mae'");
   o.optimizer.scheduler->name = "step";
   o.optimizer.scheduler->step_size = 0;

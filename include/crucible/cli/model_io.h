@@ -55,7 +55,14 @@ struct LoadedModel {
   ModelMetadata meta;
 };
 
-/// Loads `<run_dir>/model.json` and `<run_dir>/model.pt`.
+/// Writes only the weights of `model` to `file` (torch::save archive, via a
+/// temporary file + rename), e.g. model_last.pt beside model.pt; moves the
+/// model to CPU. @throws DataError if the file cannot be written.
+void save_model_weights(const std::string& file, EnergyModel& model);
+
+/// Loads `<run_dir>/model.json` and `<run_dir>/model.pt`; `run_dir` may
+/// also be a weights file such as `<run>/model_last.pt`, read with the
+/// model.json beside it.
 /// @throws DataError naming the file if either is missing, unreadable or
 ///         inconsistent (unknown format/model type, wrong parameter shapes).
 LoadedModel load_model(const std::string& run_dir);

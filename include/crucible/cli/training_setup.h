@@ -8,6 +8,7 @@
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/models/energy_model.h"
+#include "crucible/training/best_model.h"
 #include "crucible/training/checkpointing.h"
 #include "crucible/training/ema.h"
 #include "crucible/training/spike_skipping.h"
@@ -76,6 +77,7 @@ struct TrainingSetup {
   std::unique_ptr<TrainingStrategy> strategy;  ///< update hooks registered; no I/O hooks.
   std::shared_ptr<SpikeSkippingHook> spike_hook;  ///< null unless spike_skipping.enabled.
   std::shared_ptr<EmaHook> ema_hook;              ///< null unless ema.enabled.
+  std::shared_ptr<BestModelHook> best_hook;       ///< always registered.
 };
 
 /// Builds a run from `config`: validates it, reads and splits the data

@@ -93,6 +93,13 @@ struct ModelConfig {
   /// Start from this trained model's weights (run directory or model.pt);
   /// unset = random initialization (issue 18, fine-tuning).
   std::optional<std::string> init_from;
+  /// Scale of the learned energy (MACE --scaling): rms_forces_scaling (RMS
+  /// of the force components), std_scaling (std of the per-atom residual
+  /// energy) or no_scaling (1).
+  std::string scaling = "rms_forces_scaling";
+  /// Shift of the learned per-atom energy: mean (mean per-atom residual
+  /// energy, MACE's ScaleShiftMACE) or zero (MACE's default model "MACE").
+  std::string shift = "mean";
 };
 
 /// `training.optimizer` section.
@@ -134,6 +141,27 @@ struct EmaSettings {
   int64_t update_every = 1;   ///< update every n-th optimizer step, >= 1.
   int64_t start_step = 0;     ///< first optimizer step (1-based) that updates, >= 0.
   bool use_for_validation = true;  ///< validate and save model.pt with the average.
+  bool warmup = false;        ///< torch_ema use_num_updates: min(decay, (1+k)/(10+k)).
+};
+
+/// `training.stage_two` section: MACE's second stage (its SWA stage,
+/// --swa / --start_swa): from start_epoch on, the loss weights jump to the
+/// stage-two weights and the learning rate is held at `lr`
+/// (training/stage_two.h; the weights as a step loss schedule).
+struct StageTwoSettings {
+  bool enabled = false;
+  /// First epoch of stage two (0-based); unset = max(1, ⌊num_epochs/4⌋·3), MACE's default.
+  std::optional<int64_t> start_epoch;
+  double lr = 1e-3;              ///< MACE swa_lr, > 0.
+  double energy_weight = 1000.0; ///< MACE swa_energy_weight, >= 0.
+  double forces_weight = 100.0;  ///< MACE swa_forces_weight, >= 0.
+  double stress_weight = 10.0;   ///< MACE swa_stress_weight, >= 0.
+};
+
+/// `training.early_stopping` section: BestModelHook (training/best_model.h).
+struct EarlyStoppingSettings {
+  std::string monitor = "loss";  ///< validation monitor; also picks the best model.
+  int64_t patience = 0;          ///< validations without improvement; 0 = never stop.
 };
 
 /// `training.replay` section (issue 18, fine-tuning): a share of the
@@ -213,6 +241,8 @@ struct TrainingConfig {
   int64_t gradient_accumulation_steps = 1; ///< batches per optimizer step, >= 1.
   SpikeSkippingSettings spike_skipping;
   EmaSettings ema;
+  StageTwoSettings stage_two;
+  EarlyStoppingSettings early_stopping;
   DistributedSettings distributed;
   int64_t validate_every_n_epochs = 1;     ///< 0 = only after training.
   int64_t validate_every_n_steps = 0;      ///< also every n optimizer steps; 0 = off.
@@ -236,6 +266,9 @@ struct OutputConfig {
   int64_t checkpoint_every_n_steps = 0;   ///< checkpoints/ every n steps; 0 = off.
   int64_t checkpoint_every_n_epochs = 1;  ///< checkpoints/ every n epochs; 0 = off.
   int64_t keep_last_checkpoints = 3;      ///< retention (plus the best by forces_mae); 0 = all.
+  /// What model.pt holds: "best" (the best validation by
+  /// training.early_stopping.monitor; the last weights in model_last.pt) or "last".
+  std::string model_pt = "best";
 };
 
 
@@ -282,6 +315,17 @@ std::shared_ptr<const LossWeightSchedule> loss_weight_schedule(const LossSetting
 /// `crucible train` instead drops terms its training data cannot feed.
 WeightedSumLoss loss_from_settings(const LossSettings& loss);
 
+/// First epoch (0-based) of training.stage_two: start_epoch, or MACE's
+/// default max(1, ⌊num_epochs/4⌋·3); unset when stage two is off.
+/// @throws ConfigError when start_epoch is null and num_epochs is not set.
+std::optional<int64_t> stage_two_start_epoch(const TrainingConfig& training);
+
+/// training.loss with training.stage_two folded in: when stage two is on,
+/// a step schedule on the epoch clock at stage_two_start_epoch() to the
+/// stage-two weights (validate_config has refused any other schedule then);
+/// else training.loss unchanged. @throws ConfigError as stage_two_start_epoch.
+LossSettings effective_loss_settings(const TrainingConfig& training);
+
 /// The largest weight term `name` takes over the run (0 = the term is off).
 double max_loss_weight(const LossSettings& loss, const std::string& name);
 
@@ -325,6 +369,21 @@ std::string read_config_text(const std::string& path, const std::string& what);
 ///         training.num_epochs and training.num_steps set in the document.
 ///         Setting one of those two unsets the other.
 void apply_config_yaml(Config& config, const std::string& yaml_text, const std::string& source);
+
+/// The recipe a model type brings, as YAML applied over the built-in
+/// defaults and under the user's file and overrides ("" for none). mace:
+/// MACE's run_train defaults where they differ from Crucible's (AMSGrad lr
+/// 0.01, batch 10, plateau schedule on the validation loss, forces weight
+/// 100, stress weight 1, EMA 0.99 with warmup, stage two, patience 2048,
+/// shift zero); src/config/mace_names.cpp lists them with MACE's names.
+std::string model_type_recipe(const std::string& model_type);
+
+/// The configuration `crucible train` runs: default_config(), the recipe of
+/// the model.type that the file and overrides give (model_type_recipe),
+/// then the file (`config_file`, "" = none), then the overrides. A saved
+/// run's config.yaml lists every key, so it reads back the same either way.
+/// @throws ConfigError as load_config_file and apply_overrides.
+Config load_run_config(const std::string& config_file, const std::vector<std::string>& overrides);
 
 /// default_config() with the YAML file `path` applied.
 /// @throws ConfigError if the file cannot be read or is invalid (see apply_config_yaml).

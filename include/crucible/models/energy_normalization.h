@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,14 +31,30 @@ at::Tensor fit_reference_energies(const std::vector<Structure>& structures, int6
 /// fit. Never throws for valid structures.
 std::vector<int64_t> inseparable_elements(const std::vector<Structure>& structures);
 
+/// How fit_energy_scale_shift sets the scale (MACE --scaling, mace/modules/utils.py).
+enum class EnergyScaling {
+  kRmsForces,  ///< rms_forces_scaling: RMS of the force components.
+  kStd,        ///< std_scaling: sample std of the per-atom residual energy.
+  kNone,       ///< no_scaling: 1.
+};
+
+/// "rms_forces_scaling", "std_scaling" or "no_scaling" (MACE's names).
+/// @throws std::invalid_argument naming the three for any other text.
+EnergyScaling parse_energy_scaling(const std::string& name);
+
 /// Energy normalization from data: shift = mean per-atom residual energy
-/// (E - ΣE0)/N and scale = RMS of force components (MACE's
-/// "rms_forces_scaling"; falls back to the std of the per-atom residual
-/// energy, then 1, if there are no forces). Returns {scale, shift} in eV.
-/// shift is 0 when no structure has an energy; a zero or non-finite scale
-/// falls back as above. e0: [>= max Z + 1] (any float dtype, index = Z).
+/// (E - ΣE0)/N (0 when `fit_shift` is false, as MACE's default model
+/// "MACE"; the mean, as ScaleShiftMACE, otherwise) and scale by `scaling`:
+/// RMS of force components (falls back to the population std of the
+/// per-atom residual energy, then 1, if there are no forces), sample
+/// (n - 1) std of the per-atom residual energy (MACE's torch_scatter
+/// scatter_std), or 1. A zero or non-finite scale becomes 1 (MACE
+/// _check_non_zero). Returns {scale, shift} in eV. The mean is 0 when no
+/// structure has an energy. e0: [>= max Z + 1] (any float dtype, index = Z).
 /// @throws std::invalid_argument if an atomic number is outside e0.
 std::pair<double, double> fit_energy_scale_shift(const std::vector<Structure>& structures,
-                                                 const at::Tensor& e0);
+                                                 const at::Tensor& e0,
+                                                 EnergyScaling scaling = EnergyScaling::kRmsForces,
+                                                 bool fit_shift = true);
 
 }  // namespace crucible

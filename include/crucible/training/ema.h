@@ -24,6 +24,13 @@ struct EmaOptions {
   int64_t update_every = 1;
   /// First optimizer step (1-based) that may update: >= 0. Default 0.
   int64_t start_step = 0;
+  /// torch_ema's use_num_updates, which MACE uses: update k (1-based)
+  /// averages with min(decay, (1 + k)/(10 + k)), so early averages follow
+  /// the weights closely (0.99 is reached at k = 890). The one difference
+  /// from torch_ema: the average starts at the weights after the first
+  /// update, not before it (there their weight is 2/11 · 3/12 · ..., below
+  /// 1e-3 after four updates). Default false (constant decay).
+  bool warmup = false;
   /// After each update, copy the average into a clone of the model and
   /// publish it as the strategy's inference model (validation then uses it
   /// when ValidationConfig::use_ema). Default true.
@@ -39,7 +46,8 @@ struct EmaOptions {
 /// from `ctx.model->module()`:
 ///  - the first update copies the parameters (torch.optim.swa_utils.
 ///    AveragedModel semantics: the average starts at the current weights);
-///  - later updates: shadow = decay · shadow + (1 - decay) · param;
+///  - later updates: shadow = d · shadow + (1 - d) · param with d = decay,
+///    or min(decay, (1 + k)/(10 + k)) for update k with options.warmup;
 ///  - buffers are copied, never averaged.
 /// Shadow tensors are detached clones with the parameters' dtype/device.
 /// At SETUP, an average restored by load_state_dict is published at once

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,16 @@ class LrScheduler {
   const std::vector<double>& base_lrs() const { return base_lrs_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
 
+  /// Holds every group's lr at `lr` from now on (MACE's stage two, SWALR
+  /// with one anneal epoch: the lr jumps to swa_lr and stays): step() and
+  /// step(metric) still count, but no longer change the lr, and a plateau
+  /// scheduler stops watching its metric. Idempotent; recorded by
+  /// state_dict() ("held_lr"), so a resumed run keeps it.
+  /// @throws std::invalid_argument if lr is not finite and > 0.
+  void hold(double lr);
+  /// The held lr, if hold() was called.
+  std::optional<double> held_lr() const { return held_lr_; }
+
   /// Counters and base lrs by name (all values as double), for checkpoints.
   virtual std::map<std::string, double> state_dict() const;
   /// Restores a state_dict() of a scheduler of the same kind and applies
@@ -73,6 +84,7 @@ class LrScheduler {
   torch::optim::Optimizer* optimizer_;
   std::vector<double> base_lrs_;
   int64_t last_step_ = 0;
+  std::optional<double> held_lr_;
 };
 
 /// Linear warmup in front of a per-step schedule (PyTorch SequentialLR of

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace crucible {
 
@@ -52,6 +53,19 @@ struct ValidationSummary : ErrorMetrics {
   /// The unweighted terms (LossOutput::components), averaged the same way.
   std::map<std::string, double> loss_components;
 };
+
+/// Names a validation monitor (plateau schedule, best model, early
+/// stopping) may take: "loss" (ValidationSummary::loss: the training loss
+/// with the weights of the current stage, as MACE's validation loss) and
+/// every ErrorMetrics::as_map() key except zero_forces_mae; each also with
+/// a "val/" prefix. Never throws.
+std::vector<std::string> validation_monitor_names();
+
+/// The value of `monitor` (a validation_monitor_names() entry) in
+/// `summary`: meV units for the metrics, the loss's units for "loss"; NaN
+/// when not computed. @throws std::invalid_argument for another name,
+/// listing the known ones.
+double validation_monitor_value(const ValidationSummary& summary, const std::string& monitor);
 
 /// Accumulates sums of errors batch by batch, overall and per config_type
 /// (so multi-batch and, later, multi-rank results are sums and counts, not

@@ -304,6 +304,24 @@ class TrainingStrategy {
   void agree_stop(bool any_worker_requested) { reduced_stop_ = any_worker_requested; }
   /// True if the last run() ended through request_stop().
   bool stopped_early() const { return stopped_early_; }
+  /// Early stopping (MACE's --patience, BestModelHook): ends run() normally
+  /// before its target, after the current batch or epoch boundary (its
+  /// validation done). Unlike request_stop(), the end stage runs as when the
+  /// target is reached (AFTER_TRAINING, the final validation, the end
+  /// checkpoint). The step is saved with the counters
+  /// ("finished_early_at_step"), so a resumed run does not train further.
+  /// The first reason of a run is kept. Data parallel: every worker must
+  /// request it at the same point (a hook deciding on the all-reduced
+  /// validation metrics does). Never throws.
+  void request_finish(const std::string& reason) {
+    if (finish_reason_.empty()) finish_reason_ = reason;
+    if (finished_early_at_step_ < 0) finished_early_at_step_ = step_count;
+  }
+  /// Why the run finished before its target ("" if it did not).
+  const std::string& finish_reason() const { return finish_reason_; }
+  /// The step at which request_finish() ended the run (restored from a
+  /// checkpoint too); -1 if it did not.
+  int64_t finished_early_at_step() const { return finished_early_at_step_; }
 
   /// Calls the hooks registered for `stage` once, with a context of the
   /// current counters and no batch, exactly as run() dispatches a stage
@@ -537,6 +555,8 @@ class TrainingStrategy {
   /// The end stage (AFTER_TRAINING, final validation, end checkpoint) ran
   /// after the last step; saved in counters.pt as training_finished.
   bool end_stage_done_ = false;
+  int64_t finished_early_at_step_ = -1;  ///< request_finish(); counters.pt
+  std::string finish_reason_;
   std::vector<BoundaryCallback> boundary_callbacks_;
   void at_boundary(Boundary b) {
     for (auto& fn : boundary_callbacks_) fn(*this, b);
