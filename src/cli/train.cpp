@@ -481,7 +481,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
                          ? fmt::format(", {} batches/step", tc.gradient_accumulation_steps)
                          : "",
                      tc.num_epochs ? fmt::format(", {} epochs", *tc.num_epochs) : "");
-  const std::optional<int64_t> stage_two_start = stage_two_start_epoch(tc);
+  const std::optional<int64_t> stage_two_start = setup.stage_two_start;
   if (spike_hook || ema_hook || stage_two_start) {
     std::string extras;
     if (spike_hook) {

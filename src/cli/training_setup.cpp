@@ -200,7 +200,27 @@ TrainingSetup build_training(const Config& input_config,
   const LabelCounts vl = count_labels(valid);
   // Issue 18: a label with a positive loss weight must be in the data; the
   // message lists the file's keys and the MACE name that would match.
-  const LossSettings effective_loss = effective_loss_settings(tc);  // with stage two
+  // Batches per epoch as DataLoader::size() counts them (checked against the
+  // loader below): stage two's default start with training.num_steps.
+  const int64_t replay_per_epoch =
+      replay.empty() ? 0
+                     : std::clamp<int64_t>(static_cast<int64_t>(std::llround(
+                                               tc.replay.fraction * static_cast<double>(train.size()))),
+                                           1, static_cast<int64_t>(replay.size()));
+  int64_t batches_per_epoch = 0;
+  {
+    const int64_t n = static_cast<int64_t>(train.size()) + replay_per_epoch;
+    const int64_t r = communicator && communicator->size() > 1 ? communicator->size() : 1;
+    const int64_t per_rank = (tc.distributed.drop_last && r > 1 && n % r != 0) ? n / r : (n + r - 1) / r;
+    batches_per_epoch = (per_rank + tc.batch_size - 1) / tc.batch_size;
+  }
+  std::optional<int64_t> run_epochs;
+  if (tc.num_steps && batches_per_epoch > 0) {
+    const int64_t batches = *tc.num_steps * tc.gradient_accumulation_steps;
+    run_epochs = (batches + batches_per_epoch - 1) / batches_per_epoch;
+  }
+  const std::optional<int64_t> stage_two_start = stage_two_start_epoch(tc, run_epochs);
+  const LossSettings effective_loss = effective_loss_settings(tc, run_epochs);  // with stage two
   const auto& lw = effective_loss;
   if (tl.energy == 0 && (max_loss_weight(lw, "energy") > 0 || tl.forces == 0)) {
     throw DataError(missing_label_message(train, train_path, LabelKind::kEnergy, config.data) +
@@ -414,9 +434,7 @@ TrainingSetup build_training(const Config& input_config,
   lo.seed = static_cast<uint64_t>(tc.seed);
   if (!replay.empty()) {
     lo.replay_begin = static_cast<int64_t>(train.size());
-    lo.replay_per_epoch = std::clamp<int64_t>(
-        static_cast<int64_t>(std::llround(tc.replay.fraction * static_cast<double>(train.size()))), 1,
-        static_cast<int64_t>(replay.size()));
+    lo.replay_per_epoch = replay_per_epoch;
     split_text += fmt::format("; replays {} of the {} structures of {} per epoch (loss weight x{})",
                               lo.replay_per_epoch, replay.size(), *config.training.replay.file, tc.replay.weight);
   }
@@ -461,7 +479,6 @@ TrainingSetup build_training(const Config& input_config,
         EmaOptions{tc.ema.decay, tc.ema.update_every, tc.ema.start_step, tc.ema.warmup});
     strategy->register_hook(ema_hook);
   }
-  const std::optional<int64_t> stage_two_start = stage_two_start_epoch(tc);
   if (stage_two_start) {
     strategy->register_hook(std::make_shared<StageTwoHook>(StageTwoOptions{*stage_two_start, tc.stage_two.lr}));
   }
@@ -502,6 +519,11 @@ TrainingSetup build_training(const Config& input_config,
   s.train_data = train_ds;
   s.valid_data = valid_ds;
   s.loader = std::make_unique<DataLoader>(train_ds, lo);
+  if (s.loader->size() != batches_per_epoch) {
+    throw std::logic_error("build_training: batches per epoch " + std::to_string(batches_per_epoch) +
+                           " must be the loader's " + std::to_string(s.loader->size()));
+  }
+  s.stage_two_start = stage_two_start;
   s.strategy = std::move(strategy);
   s.spike_hook = spike_hook;
   s.ema_hook = ema_hook;

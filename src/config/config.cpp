@@ -1684,10 +1684,6 @@ void validate_config(const Config& config) {
                           "training.loss.schedule must be constant, got '" + t.loss.schedule +
                           "'; use one of the two");
       }
-      if (!st.start_epoch && !t.num_epochs) {
-        throw ConfigError("training.stage_two.start_epoch must be set when training.num_steps "
-                          "is (its default is 3/4 of training.num_epochs), got null");
-      }
       if (st.start_epoch && t.num_epochs && *st.start_epoch >= *t.num_epochs) {
         throw ConfigError("training.stage_two.start_epoch must be < training.num_epochs (" +
                           std::to_string(*t.num_epochs) + "), got " +
@@ -1970,19 +1966,21 @@ WeightedSumLoss loss_from_settings(const LossSettings& l) {
   return loss;
 }
 
-std::optional<int64_t> stage_two_start_epoch(const TrainingConfig& t) {
+std::optional<int64_t> stage_two_start_epoch(const TrainingConfig& t,
+                                             std::optional<int64_t> run_epochs) {
   if (!t.stage_two.enabled) return std::nullopt;
   if (t.stage_two.start_epoch) return *t.stage_two.start_epoch;
-  if (!t.num_epochs) {
-    throw ConfigError("training.stage_two.start_epoch must be set when training.num_steps is, "
-                      "got null");
+  const std::optional<int64_t> epochs = t.num_epochs ? t.num_epochs : run_epochs;
+  if (!epochs) {
+    throw ConfigError("training.stage_two.start_epoch: with training.num_steps, its default "
+                      "needs the run's epoch count (set start_epoch, or give the data)");
   }
-  return std::max<int64_t>(1, *t.num_epochs / 4 * 3);  // mace/tools/arg_parser_tools.py
+  return std::max<int64_t>(1, *epochs / 4 * 3);  // mace/tools/arg_parser_tools.py
 }
 
-LossSettings effective_loss_settings(const TrainingConfig& t) {
+LossSettings effective_loss_settings(const TrainingConfig& t, std::optional<int64_t> run_epochs) {
   LossSettings l = t.loss;
-  const auto start = stage_two_start_epoch(t);
+  const auto start = stage_two_start_epoch(t, run_epochs);
   if (!start) return l;
   l.schedule = "step";
   l.schedule_clock = "epoch";

@@ -144,6 +144,10 @@ void EmaHook::update(torch::nn::Module& module) {
                                      : options_.decay;
     for (const auto& item : module.named_parameters(true)) {
       at::Tensor& sh = find_shadow(params_, item.key(), item.value(), "parameter");
+      if (!item.value().requires_grad()) {  // frozen: copied (torch_ema skips it), stays bit-identical
+        sh.copy_(item.value().detach());
+        continue;
+      }
       sh.mul_(d).add_(item.value().detach().to(sh.options()), 1.0 - d);
     }
     for (const auto& item : module.named_buffers(true)) {

@@ -123,9 +123,11 @@ TEST(MaceRecipe, StageTwoSettingsAreChecked) {
   EXPECT_EQ(error_of({"training.stage_two.lr=0.01"}),
             "training.stage_two.lr is used only by stage two; set training.stage_two.enabled=true, "
             "or keep its default");
-  EXPECT_EQ(error_of({"model.type=mace", "training.num_steps=100"}),
-            "training.stage_two.start_epoch must be set when training.num_steps is (its default "
-            "is 3/4 of training.num_epochs), got null");
+  // With num_steps the default start needs the run's epochs (from the data).
+  const Config steps = load_run_config("", {"model.type=mace", "training.num_steps=100"});
+  EXPECT_NO_THROW(validate_config(steps));
+  EXPECT_THROW((void)stage_two_start_epoch(steps.training), ConfigError);
+  EXPECT_EQ(stage_two_start_epoch(steps.training, 9), 6);
   EXPECT_EQ(error_of({"model.type=mace", "training.num_steps=100", "training.stage_two.start_epoch=2"}), "");
   EXPECT_EQ(error_of({"model.init_from=somewhere", "model.shift=zero"}),
             "model.shift must keep its default with model.init_from: the source model's energy "

@@ -78,6 +78,8 @@ struct TrainingSetup {
   std::shared_ptr<SpikeSkippingHook> spike_hook;  ///< null unless spike_skipping.enabled.
   std::shared_ptr<EmaHook> ema_hook;              ///< null unless ema.enabled.
   std::shared_ptr<BestModelHook> best_hook;       ///< always registered.
+  /// First epoch of training.stage_two as resolved for this run; unset = off.
+  std::optional<int64_t> stage_two_start;
 };
 
 /// Builds a run from `config`: validates it, reads and splits the data

@@ -316,15 +316,19 @@ std::shared_ptr<const LossWeightSchedule> loss_weight_schedule(const LossSetting
 WeightedSumLoss loss_from_settings(const LossSettings& loss);
 
 /// First epoch (0-based) of training.stage_two: start_epoch, or MACE's
-/// default max(1, ⌊num_epochs/4⌋·3); unset when stage two is off.
-/// @throws ConfigError when start_epoch is null and num_epochs is not set.
-std::optional<int64_t> stage_two_start_epoch(const TrainingConfig& training);
+/// default max(1, ⌊E/4⌋·3) with E = num_epochs, or `run_epochs` (the epochs
+/// a num_steps run makes, ⌈steps / optimizer steps per epoch⌉) when
+/// num_steps is set; unset when stage two is off.
+/// @throws ConfigError when the default is needed and neither is known.
+std::optional<int64_t> stage_two_start_epoch(const TrainingConfig& training,
+                                             std::optional<int64_t> run_epochs = std::nullopt);
 
 /// training.loss with training.stage_two folded in: when stage two is on,
 /// a step schedule on the epoch clock at stage_two_start_epoch() to the
 /// stage-two weights (validate_config has refused any other schedule then);
 /// else training.loss unchanged. @throws ConfigError as stage_two_start_epoch.
-LossSettings effective_loss_settings(const TrainingConfig& training);
+LossSettings effective_loss_settings(const TrainingConfig& training,
+                                     std::optional<int64_t> run_epochs = std::nullopt);
 
 /// The largest weight term `name` takes over the run (0 = the term is off).
 double max_loss_weight(const LossSettings& loss, const std::string& name);

@@ -48,7 +48,9 @@ struct EmaOptions {
 ///    AveragedModel semantics: the average starts at the current weights);
 ///  - later updates: shadow = d · shadow + (1 - d) · param with d = decay,
 ///    or min(decay, (1 + k)/(10 + k)) for update k with options.warmup;
-///  - buffers are copied, never averaged.
+///  - buffers, and parameters that do not require grad (frozen by
+///    training.freeze), are copied, never averaged (d·p + (1 - d)·p may
+///    round away from p);
 /// Shadow tensors are detached clones with the parameters' dtype/device.
 /// At SETUP, an average restored by load_state_dict is published at once
 /// (so a resumed run validates with it before its next update).
