@@ -95,7 +95,7 @@ std::string model_directory(const std::string& path) {
 
 void run_info(const std::string& path, std::ostream& out) {
   const std::string dir = model_directory(path);
-  LoadedModel loaded = load_model(dir);
+  LoadedModel loaded = load_model(path);  // a .pt file itself (model_last.pt) or a run
   const auto& m = loaded.meta;
   int64_t params = 0;
   for (const auto& p : loaded.model->module().parameters()) params += p.numel();
@@ -153,7 +153,7 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
                       req.device + "'");
   }
 
-  LoadedModel loaded = load_model(model_directory(req.model_dir));
+  LoadedModel loaded = load_model(req.model_dir);  // a run or a .pt file (model_last.pt)
   Config config = default_config();
   config.data = loaded.meta.data;  // keys and units the model was trained with
   apply_overrides(config, req.overrides);

@@ -140,7 +140,10 @@ void run_export_kim(const ExportKimRequest& request, std::ostream& out) {
                                       : ": " + engine + " is missing; build the crucible_kim target"));
   }
   const std::string model_dir = model_directory(request.run_dir);
-  const LoadedModel loaded = load_model(model_dir);  // refuses bad or unknown-format models
+  const LoadedModel loaded = load_model(request.run_dir);  // refuses bad or unknown-format models
+  // The weights exported: the .pt file given (model_last.pt), else the run's model.pt.
+  const fs::path weights = fs::is_regular_file(request.run_dir) ? fs::path(request.run_dir)
+                                                                : fs::path(model_dir) / "model.pt";
   const std::string elements = element_symbols(loaded.meta.atomic_numbers);
   const fs::path dest(request.out_dir);
   if (fs::exists(dest) && !(fs::is_directory(dest) && fs::is_empty(dest))) {
@@ -154,7 +157,7 @@ void run_export_kim(const ExportKimRequest& request, std::ostream& out) {
     fs::create_directories(tmp / "model");
     fs::copy_file(engine, tmp / "libcrucible_kim.so");
     fs::copy_file(fs::path(model_dir) / "model.json", tmp / "model" / "model.json");
-    fs::copy_file(fs::path(model_dir) / "model.pt", tmp / "model" / "model.pt");
+    fs::copy_file(weights, tmp / "model" / "model.pt");
     write_text(tmp / "model" / kKimSettingsFile, kim_settings_json(settings));
     write_text(tmp / "CMakeLists.txt", driver_cmake(request.name));
     write_text(tmp / "model" / "CMakeLists.txt", model_cmake(request.name));

@@ -79,7 +79,7 @@ LoadedModel load_mace_file(const std::string& path) {
 LoadedModel load_init_from(const std::string& path, const std::string& model_type) {
   LoadedModel loaded;
   try {
-    loaded = is_mace_file(path) ? load_mace_file(path) : load_model(model_directory(path));
+    loaded = is_mace_file(path) ? load_mace_file(path) : load_model(path);
   } catch (const std::exception& e) {
     throw ConfigError(std::string("model.init_from: ") + e.what());
   }

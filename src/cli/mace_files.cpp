@@ -80,7 +80,7 @@ void run_export_mace(const ExportMaceRequest& req, std::ostream& out) {
   for (const fs::path& p : {pt, json}) {
     if (fs::exists(p)) throw ConfigError(p.string() + " exists (nothing was written; choose another --out)");
   }
-  LoadedModel loaded = load_model(model_directory(req.run_dir));
+  LoadedModel loaded = load_model(req.run_dir);
   const auto* mace = dynamic_cast<const MaceImpl*>(loaded.model.get());
   if (!mace) throw ConfigError(req.run_dir + " holds a " + loaded.meta.model_type + " model; export mace takes a MACE model");
   std::map<std::string, at::Tensor> sd;

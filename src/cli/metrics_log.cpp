@@ -141,6 +141,7 @@ void MetricsJsonlHook::operator()(TrainContext& ctx, TrainingStage stage) {
       j["step"] = ctx.step_count;
       j["epoch"] = ctx.epoch_count;
       for (const auto& [metric, value] : v.as_map()) j[metric] = number(value);
+      j["loss"] = number(v.loss);  // weighted, with the current stage's weights
       j["num_structures"] = v.num_structures;
       j["num_energies"] = v.num_energies;
       j["num_forces"] = v.num_forces;

@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <limits>
+#include <sstream>
 #include <cstdlib>
 #include <regex>
 
@@ -127,6 +129,65 @@ TEST_F(MaceE2e, TrainSigtermResumeAndEvaluateWithEma) {
   r = run_crucible(dir_, {"evaluate", "--model", full.string(), "--data", (dir_ / "close.xyz").string()});
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("atoms must be at least"), std::string::npos) << r.err;
+}
+
+// Issue 46 deliverable 6: model.type=mace keeps the best stage-two
+// validation as model.pt and the last weights as model_last.pt. Oracles:
+// the validation losses metrics.jsonl logged, and `crucible evaluate` of
+// each file against summary.json.
+TEST_F(MaceE2e, ModelPtIsTheBestStageTwoValidationAndModelLastPtTheLast) {
+  const fs::path run = dir_ / "best";
+  auto a = args(run.string());
+  a.push_back("training.num_epochs=6");  // stage two from max(1, 6 // 4 * 3) = 3
+  a.push_back("training.optimizer.lr=0.05");
+  Result r = run_crucible(dir_, a);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("stage two from epoch 3 (counted from 0): lr 0.001, weights energy 1000"),
+            std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(run / "model_last.pt"));
+  const auto summary = nlohmann::json::parse(read_text(run / "summary.json"));
+  const auto& chosen = summary.at("model_pt");
+  EXPECT_EQ(chosen.at("weights"), "best");
+  EXPECT_EQ(chosen.at("monitor"), "loss");
+  // The oracle: the lowest logged validation loss among stage-two
+  // validations (epoch >= 3; earlier losses used other weights).
+  double lowest = std::numeric_limits<double>::infinity();
+  int64_t lowest_epoch = -1;
+  std::istringstream lines(read_text(run / "metrics.jsonl"));
+  int stage_two_validations = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") != "validation" || j.at("final").get<bool>()) continue;
+    if (j.at("epoch").get<int64_t>() < 3) continue;
+    ++stage_two_validations;
+    if (j.at("loss").get<double>() < lowest) {
+      lowest = j.at("loss").get<double>();
+      lowest_epoch = j.at("epoch").get<int64_t>();
+    }
+  }
+  EXPECT_EQ(stage_two_validations, 4);  // after epochs 3, 4, 5, 6 (epoch_count)
+  EXPECT_EQ(chosen.at("epoch").get<int64_t>(), lowest_epoch);
+  EXPECT_DOUBLE_EQ(chosen.at("value").get<double>(), lowest);
+  // evaluate reproduces summary.json for each file.
+  for (const auto& [file, key] : std::vector<std::pair<std::string, std::string>>{
+           {run.string(), "validation"}, {(run / "model_last.pt").string(), "last_validation"}}) {
+    if (!summary.contains(key)) continue;  // the best was the last validation
+    const fs::path out_json = dir_ / "best_eval.json";
+    r = run_crucible(dir_, {"evaluate", "--model", file, "--data", (dir_ / "tiny_valid.xyz").string(),
+                            "--json", out_json.string()});
+    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    const auto ev = nlohmann::json::parse(read_text(out_json));
+    const double expected = summary.at(key).at("forces_mae").get<double>();
+    EXPECT_NEAR(ev.at("forces_mae").get<double>(), expected, 1e-6 * expected) << file;
+  }
+  // output.model_pt=last keeps the last weights, with no model_last.pt.
+  const fs::path last = dir_ / "last";
+  a = args(last.string());
+  a.push_back("output.model_pt=last");
+  r = run_crucible(dir_, a);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_FALSE(fs::exists(last / "model_last.pt"));
+  EXPECT_EQ(nlohmann::json::parse(read_text(last / "summary.json")).at("model_pt").at("weights"), "last");
 }
 
 TEST_F(MaceE2e, EveryPrecisionModeTrains) {

@@ -115,6 +115,32 @@ TEST(ReferenceEnergies, ScaleShiftHandComputed) {
   EXPECT_NEAR(shift, 0.1, 1e-14);
 }
 
+// MACE's --scaling choices and model "MACE" (shift 0), hand-computed:
+// residuals 0.1, 0.5, 0.9 eV/atom; sample std (n - 1) = 0.4 as torch_scatter's
+// scatter_std in mace/modules/utils.py compute_mean_std_atomic_inter_energy.
+TEST(ReferenceEnergies, MaceScalingChoicesAndZeroShift) {
+  at::Tensor e0 = at::zeros({119}, at::kDouble);
+  e0[1] = -0.6;
+  e0[8] = -4.5;
+  Structure a = composition({{1, 2}}, -1.0);  // residual 0.1
+  Structure b = composition({{8, 1}}, -4.0);  // residual 0.5
+  Structure c = composition({{8, 1}}, -3.6);  // residual 0.9
+  a.forces = at::tensor(std::vector<double>{1, 2, 2, 0, 0, 0}, at::kDouble).view({2, 3});
+  b.forces = at::tensor(std::vector<double>{3, 0, 0}, at::kDouble).view({1, 3});
+  c.forces = at::tensor(std::vector<double>{0, 0, 3}, at::kDouble).view({1, 3});
+  auto [scale, shift] = fit_energy_scale_shift({a, b, c}, e0, EnergyScaling::kStd, true);
+  EXPECT_NEAR(scale, 0.4, 1e-14);
+  EXPECT_NEAR(shift, 0.5, 1e-14);
+  std::tie(scale, shift) = fit_energy_scale_shift({a, b, c}, e0, EnergyScaling::kRmsForces, false);
+  EXPECT_NEAR(scale, std::sqrt(27.0 / 12.0), 1e-14);
+  EXPECT_EQ(shift, 0.0);
+  std::tie(scale, shift) = fit_energy_scale_shift({a, b, c}, e0, EnergyScaling::kNone, true);
+  EXPECT_EQ(scale, 1.0);
+  EXPECT_NEAR(shift, 0.5, 1e-14);
+  EXPECT_EQ(parse_energy_scaling("std_scaling"), EnergyScaling::kStd);
+  EXPECT_THROW(parse_energy_scaling("rms"), std::invalid_argument);
+}
+
 TEST(ReferenceEnergies, TiAlBundledDataMatchesNumpyOracle) {
   const std::string path = std::string(CRUCIBLE_SOURCE_DIR) + "/data/alloy_TiAl/TiAl_tutorial.xyz";
   const std::vector<Structure> structures = read_extxyz(path);
