@@ -510,7 +510,8 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     }
     edge_feats = mace_basis()
                      ? mace::bessel_basis(r, bessel_weights_, bessel_prefactor_) *
-                           mace::polynomial_cutoff(r, cutoff_r_max_.item<double>(), options_.num_polynomial_cutoff).unsqueeze(-1)
+                           mace::polynomial_envelope(r / cutoff_r_max_.to(r.options()), options_.num_polynomial_cutoff)
+                               .unsqueeze(-1)
                      : mace::bessel_basis(r, options_.cutoff, options_.num_bessel) *
                            mace::polynomial_cutoff(r, options_.cutoff, options_.num_polynomial_cutoff).unsqueeze(-1);
     if (!ref && !chunked) {
@@ -601,12 +602,7 @@ at::Tensor MaceImpl::pair_repulsion(const Batch& batch, const at::Tensor& r) con
   at::Tensor v = (14.3996 * zu_f * zv_f) / r * phi;
   const at::Tensor radii = zbl_covalent_radii_.to(opt);
   const at::Tensor r_max = radii.index_select(0, zu) + radii.index_select(0, zv);
-  const double p = static_cast<double>(options_.num_polynomial_cutoff);
-  const at::Tensor y = r / r_max;
-  const at::Tensor envelope = (1.0 - ((p + 1.0) * (p + 2.0) / 2.0) * at::pow(y, p) + p * (p + 2.0) * at::pow(y, p + 1.0) -
-                               (p * (p + 1.0) / 2.0) * at::pow(y, p + 2.0)) *
-                              (r < r_max).to(opt.dtype());
-  v = 0.5 * v * envelope;
+  v = 0.5 * v * mace::polynomial_envelope(r / r_max, options_.num_polynomial_cutoff);
   return at::zeros({batch.num_nodes()}, opt).index_add(0, receiver, v);
 }
 

@@ -35,13 +35,16 @@ at::Tensor bessel_basis(const at::Tensor& r, const at::Tensor& frequencies, cons
 
 at::Tensor polynomial_cutoff(const at::Tensor& r, double r_max, int64_t p) {
   if (!(r_max > 0.0)) throw std::invalid_argument("polynomial_cutoff: r_max must be > 0");
-  if (p < 1) throw std::invalid_argument("polynomial_cutoff: p must be >= 1");
+  return polynomial_envelope(r / r_max, p);
+}
+
+at::Tensor polynomial_envelope(const at::Tensor& x, int64_t p) {
+  if (p < 1) throw std::invalid_argument("polynomial_envelope: p must be >= 1");
   const double pd = static_cast<double>(p);
-  const at::Tensor x = r / r_max;
   const at::Tensor xp = at::pow(x, pd);
   const at::Tensor f = 1.0 - 0.5 * (pd + 1.0) * (pd + 2.0) * xp + pd * (pd + 2.0) * xp * x -
                        0.5 * pd * (pd + 1.0) * xp * x * x;
-  return f * (x < 1.0).to(r.scalar_type());
+  return f * (x < 1.0).to(x.scalar_type());
 }
 
 double normalized_silu_factor() {

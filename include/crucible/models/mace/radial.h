@@ -33,6 +33,14 @@ at::Tensor bessel_basis(const at::Tensor& r, const at::Tensor& frequencies, cons
 /// @throws std::invalid_argument if r_max <= 0 or p < 1.
 at::Tensor polynomial_cutoff(const at::Tensor& r, double r_max, int64_t p);
 
+/// The same envelope of x = r / r_max (any shape and float dtype, x ≥ 0):
+///   f(x) = 1 − (p+1)(p+2)/2 · x^p + p(p+2) · x^(p+1) − p(p+1)/2 · x^(p+2)
+/// for x < 1, else 0. polynomial_cutoff is f(r / r_max); MACE's ZBL
+/// pair_repulsion uses it with r_max = the sum of covalent radii, and an
+/// imported model passes its r_max buffer as a tensor (no host read).
+/// @throws std::invalid_argument if p < 1.
+at::Tensor polynomial_envelope(const at::Tensor& x, int64_t p);
+
 /// The factor c with E[(c · silu(z))²] = 1 for z ~ N(0, 1) (e3nn's
 /// normalize2mom, which MACE's radial MLP and readout use): c ≈ 1.6765.
 /// Computed once by trapezoidal quadrature on [-12, 12] (error < 1e-12).
