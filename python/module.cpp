@@ -58,9 +58,11 @@ class Model {
     // temporary was mmap'd and page-faulted again on every call (issue 19).
     // CRUCIBLE_DEFAULT_MALLOC=1 in the environment leaves LibTorch's allocator.
     install_large_block_cache();
-    loaded_ = load_model(model_directory(path));  // a run directory or its model.pt
-    const auto t = dtype_from_name(dtype);
-    if (!t) throw std::invalid_argument("dtype must be " + dtype_choices() + ", got \"" + dtype + "\"");
+    loaded_ = load_model(path);  // a run directory, or a weights file (model.pt, model_last.pt)
+    // "" = the dtype the model was trained and saved in (issue 47).
+    const std::string chosen = dtype.empty() ? loaded_.meta.dtype : dtype;
+    const auto t = dtype_from_name(chosen);
+    if (!t) throw std::invalid_argument("dtype must be " + dtype_choices() + " or None, got \"" + dtype + "\"");
     dtype_ = *t;
     loaded_.model->module().to(dtype_);
     loaded_.model->module().eval();
@@ -137,7 +139,7 @@ class Model {
 PYBIND11_MODULE(_crucible, m) {
   m.doc() = "Crucible: machine-learned interatomic potentials (C++ / LibTorch)";
   py::class_<crucible::Model>(m, "Model")
-      .def(py::init<const std::string&, const std::string&>(), py::arg("path"), py::arg("dtype") = "float64")
+      .def(py::init<const std::string&, const std::string&>(), py::arg("path"), py::arg("dtype") = "")
       .def("metadata", &crucible::Model::metadata)
       .def("compute", &crucible::Model::compute, py::arg("positions"), py::arg("numbers"), py::arg("cell"),
            py::arg("pbc"), py::arg("stress") = true);

@@ -9,8 +9,11 @@ class Calculator(_AseCalculator):
 
     Parameters
     ----------
-    path : run directory (crucible train) or model.pt with model.json beside it.
-    dtype : "float64" (default) or "float32".
+    path : run directory (crucible train), or model.pt / model_last.pt with
+        model.json beside it.
+    dtype : None (default: the dtype the model was trained in, as
+        `crucible evaluate` computes), "float32" or "float64".
+        metadata["dtype"] is the dtype it computes in.
 
     Units: eV, eV/Å, eV/Å^3 (stress with ASE's sign: positive = tensile).
     Loading a model makes LibTorch keep freed CPU blocks of 16 MiB or more
@@ -22,7 +25,7 @@ class Calculator(_AseCalculator):
 
     implemented_properties = ["energy", "free_energy", "forces", "stress", "energies"]
 
-    def __init__(self, path, dtype="float64", **kwargs):
+    def __init__(self, path, dtype=None, **kwargs):
         super().__init__(**kwargs)
         from . import load_model
         self.model = load_model(path, dtype)

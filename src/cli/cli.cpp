@@ -139,6 +139,7 @@ int run(int argc, char** argv) {
   convert_cmd->add_option("--to", convert.to, "Output format: auto (by extension), extxyz, deepmd, ase_db")
       ->check(CLI::IsMember({"auto", "extxyz", "deepmd", "ase_db"}));
   convert_cmd->add_option("overrides", convert.overrides, "data.* keys and units of the input, e.g. data.energy_key=dft_energy");
+  convert_cmd->add_flag("--overwrite", convert.overwrite, "Replace an existing OUTPUT (never the input itself)");
 
   // export kim
   ExportKimRequest export_kim;

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+
 namespace crucible {
 
 void run_convert(const ConvertRequest& request, std::ostream& out) {
@@ -17,10 +19,14 @@ void run_convert(const ConvertRequest& request, std::ostream& out) {
   }
   Config config = default_config();
   apply_overrides(config, request.overrides);
+  std::error_code ec;
+  if (std::filesystem::exists(request.output, ec) && std::filesystem::equivalent(request.input, request.output, ec)) {
+    throw DataError(request.output + ": is the input itself; convert writes a new file, choose another output name");
+  }
   const std::string from = request.from == "auto" ? detect_format(request.input) : request.from;
   const std::vector<Structure> frames = read_structures(request.input, from, extxyz_options(config.data));
   if (frames.empty()) throw DataError(request.input + ": holds no structure to convert");
-  write_structures(request.output, request.to, frames);
+  write_structures(request.output, request.to, frames, request.overwrite);
   out << fmt::format("converted {} structures: {} ({}) -> {}\n", frames.size(), request.input, from, request.output);
 }
 

@@ -2,7 +2,10 @@
 
 #include "crucible/data/ase_db.h"
 
+#include <unistd.h>
+
 #include "crucible/common/error.h"
+#include "crucible/data/finite_values.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -94,6 +97,12 @@ std::vector<Structure> read_ase_db(const std::string& path, const ExtxyzOptions&
     // The energy column, unless data.energy_key names a key-value pair.
     const bool energy_column = o.energy_key == "energy";
     if (energy_column && sqlite3_column_type(st.get(), 5) != SQLITE_NULL) {
+      const int type = sqlite3_column_type(st.get(), 5);
+      if (type != SQLITE_FLOAT && type != SQLITE_INTEGER) {  // SQLite would read 'abc' as 0.0
+        const char* text = reinterpret_cast<const char*>(sqlite3_column_text(st.get(), 5));
+        throw DataError(fmt::format("{}: energy must be a number, got {} '{}'", where,
+                                    type == SQLITE_TEXT ? "text" : "a blob", text && type == SQLITE_TEXT ? text : ""));
+      }
       s.energy = sqlite3_column_double(st.get(), 5) * o.energy_unit;
     }
     if (sqlite3_column_type(st.get(), 6) != SQLITE_NULL) {
@@ -119,13 +128,18 @@ std::vector<Structure> read_ase_db(const std::string& path, const ExtxyzOptions&
       for (const auto& [key, value] : kv.items()) {
         if (key == "config_type" && value.is_string()) {
           s.config_type = value.get<std::string>();
-        } else if (!energy_column && key == o.energy_key && value.is_number()) {
+        } else if (!energy_column && key == o.energy_key) {
+          if (!value.is_number()) {
+            throw DataError(fmt::format("{}: key-value pair {} (data.energy_key) must be a number, got {}", where,
+                                        key, value.dump()));
+          }
           s.energy = value.get<double>() * o.energy_unit;  // energies kept as key-value pairs
         } else {
           s.info[key] = value.is_string() ? value.get<std::string>() : value.dump();
         }
       }
     }
+    check_finite_values(s);  // NaN / inf in the blobs are refused, naming the row
     out.push_back(std::move(s));
   }
   if (rc != SQLITE_DONE) throw DataError(path + ": reading the systems table failed (" + sqlite3_errmsg(db.get()) + ")");
@@ -193,8 +207,11 @@ void bind_doubles(sqlite3_stmt* st, int col, const at::Tensor& t) {
 void write_ase_db(const std::string& path, const std::vector<Structure>& structures) {
   namespace fs = std::filesystem;
   if (fs::exists(path)) throw DataError(path + ": the ASE database to write must be a new file (nothing is overwritten)");
-  const std::string tmp = path + ".tmp";
-  fs::remove(tmp);
+  // Written under a name of this process's own, renamed at the end (an
+  // existing <path>.tmp is someone else's and is left alone).
+  const std::string tmp = path + ".crucible-" + std::to_string(::getpid()) + ".tmp";
+  if (fs::exists(tmp)) throw DataError(tmp + ": exists; remove it or choose another output name");
+  try {
   {
     sqlite3* raw = nullptr;
     if (sqlite3_open_v2(tmp.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) != SQLITE_OK) {
@@ -282,9 +299,17 @@ void write_ase_db(const std::string& path, const std::vector<Structure>& structu
     }
     exec(db.get(), "COMMIT", path);
   }
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
+  }
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) throw DataError(path + ": cannot write the ASE database (" + ec.message() + ")");
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw DataError(path + ": cannot write the ASE database (" + ec.message() + ")");
+  }
 }
 
 }  // namespace crucible

@@ -1,6 +1,7 @@
 // DeePMD npy systems. See include/crucible/data/deepmd.h.
 
 #include "crucible/data/deepmd.h"
+#include "crucible/data/finite_values.h"
 
 #include "crucible/common/error.h"
 #include "crucible/data/npy.h"
@@ -118,6 +119,7 @@ void read_system(const fs::path& dir, const ExtxyzOptions& o, std::vector<Struct
         if (volume > 0) s.stress = (*virial)[k].view({3, 3}) * (-o.energy_unit / volume);
       }
       s.source = fmt::format("{}/{} frame {}", dir.string(), set.filename().string(), k);
+      check_finite_values(s);  // binary doubles: NaN / inf are refused here, naming the frame
       out.push_back(std::move(s));
     }
   }

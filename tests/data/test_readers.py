@@ -194,6 +194,13 @@ class Reader(unittest.TestCase):
         refused("no_map", good, "needs type_map.raw", type_map=False, nopbc=True)
         refused("no_box", good, "box.npy: missing (periodic systems need box.npy")
         refused("shape", {"coord": np.zeros((1, 6))}, "coord.npy: must have shape [1, 9]", nopbc=True)
+        # Issue 47: NaN / inf in binary labels are refused naming the frame.
+        force = np.zeros((2, 9))
+        force[1, 5] = np.nan
+        refused("nan_force", {"coord": np.zeros((2, 9)), "force": force},
+                "set.000 frame 1: forces must be finite numbers, got nan (atom 1, component 2)", nopbc=True)
+        refused("inf_energy", {"coord": np.zeros((1, 9)), "energy": np.array([np.inf])},
+                "set.000 frame 0: energy must be a finite number, got inf", nopbc=True)
         # A truncated .npy file.
         path = os.path.join(bad, "truncated")
         write_system(path, ["O", "H"], [0, 1, 1], [good], nopbc=True)
@@ -292,7 +299,45 @@ class AseDatabase(unittest.TestCase):
             np.testing.assert_array_equal(a.arrays["force"], b.get_forces())
         p = crucible("convert", TIAL, tial, check=False)  # never overwritten
         self.assertEqual(p.returncode, 1)
-        self.assertIn("must be a new file", p.stderr)
+        self.assertIn(tial + ": exists; nothing is overwritten", p.stderr)
+
+    def test_non_numeric_and_non_finite_labels_are_refused_naming_the_row(self):
+        """Issue 47: SQLite reads a text energy 'abc' as 0.0; NaN forces were accepted."""
+        import sqlite3
+        from ase import Atoms
+        from ase.calculators.singlepoint import SinglePointCalculator
+        from ase.db import connect
+        text = os.path.join(WORK, "text_energy.db")
+        remove_if_present(text)
+        shutil.copy(self.path, text)
+        with sqlite3.connect(text) as con:
+            con.execute("UPDATE systems SET energy = 'abc' WHERE id = 3")
+        out = os.path.join(WORK, "text_energy.xyz")
+        p = crucible("convert", text, out, check=False)
+        self.assertEqual(p.returncode, 1, p.stdout)
+        self.assertIn(text + " id 3: energy must be a number, got text 'abc'", p.stderr)
+        self.assertFalse(os.path.exists(out))
+        p = crucible("train", "data.train_file=" + text, "training.num_epochs=1",
+                     "output.run_dir=" + os.path.join(WORK, "text_run"), check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("energy must be a number, got text 'abc'", p.stderr)
+
+        nan = os.path.join(WORK, "nan_forces.db")
+        remove_if_present(nan)
+        db = connect(nan)
+        a = read(TIAL, index=0)
+        forces = a.arrays["force"].copy()
+        forces[1, 1] = np.nan
+        b = Atoms(a.numbers, positions=a.positions, cell=a.cell, pbc=a.pbc)
+        b.calc = SinglePointCalculator(b, energy=a.info["energy"], forces=forces)
+        db.write(b, dft_energy="abc")
+        p = crucible("convert", nan, os.path.join(WORK, "nan_forces.xyz"), check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(nan + " id 1: forces must be finite numbers, got nan (atom 1, component 1)", p.stderr)
+        p = crucible("convert", nan, os.path.join(WORK, "kv.xyz"), "data.energy_key=dft_energy", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(nan + ' id 1: key-value pair dft_energy (data.energy_key) must be a number, got "abc"',
+                      p.stderr)
 
     def test_refuses_what_is_not_an_ase_database(self):
         fake = os.path.join(WORK, "fake.db")

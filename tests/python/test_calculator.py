@@ -185,6 +185,45 @@ class Calculator(unittest.TestCase):
                     # The reference labels stay next to the predictions.
                     self.assertAlmostEqual(p.get_potential_energy(), frames[k].get_potential_energy(), places=8)
 
+    def test_a_float32_model_computes_in_float32_as_evaluate_does(self):
+        """Issue 47: the calculator took float64 whatever the model was trained in."""
+        run32 = train("schnet32", "training.num_epochs=1", "training.dtype=float32")
+        frames = read(TIAL, index=":3")
+        data = os.path.join(WORK, "frames32.xyz")
+        from ase.io import write
+        write(data, frames, format="extxyz")
+        pred = os.path.join(WORK, "pred32.xyz")
+        r = subprocess.run([BINARY, "evaluate", "--model", run32, "--data", data, "--write", pred],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        calc = crucible.Calculator(run32)
+        self.assertEqual(calc.metadata["dtype"], "float32")
+        self.assertEqual(calc.metadata["trained_dtype"], "float32")
+        self.assertEqual(crucible.Calculator(run32, dtype="float64").metadata["dtype"], "float64")
+        for k, p in enumerate(read(pred, index=":")):
+            a = frames[k].copy()
+            a.calc = calc
+            e = a.get_potential_energy()
+            # The same float32 arithmetic: equal to float32 round-off of the sum.
+            self.assertLess(abs(p.info["crucible_energy"] - e), 1e-6 * abs(e))
+            self.assertLess(np.abs(p.arrays["crucible_forces"] - a.get_forces()).max(), 1e-5)
+        # model_last.pt is read as itself, not as its run's model.pt: a copy of
+        # the MACE run whose model_last.pt holds another run's weights (same
+        # architecture, data and seedless statistics, another training.seed).
+        other = train("mace_seed7", "training.num_epochs=2", "model.type=mace", "model.mace.hidden_irreps=8x0e+8x1o",
+                      "model.mace.max_ell=2", "model.mace.radial_mlp=[16]", "training.seed=7")
+        copy = os.path.join(WORK, "mace_copy")
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(MACE, copy)
+        shutil.copy(os.path.join(other, "model.pt"), os.path.join(copy, "model_last.pt"))
+        a = tial_cell((1, 1, 1))
+        a.calc = crucible.Calculator(os.path.join(copy, "model_last.pt"))
+        e_last = a.get_potential_energy()
+        a.calc = crucible.Calculator(other)
+        self.assertEqual(e_last, a.get_potential_energy())
+        a.calc = crucible.Calculator(copy)
+        self.assertNotEqual(e_last, a.get_potential_energy())
+
     def test_unknown_element_is_refused_with_a_message(self):
         atoms = tial_cell((1, 1, 1))
         atoms.numbers[0] = 26

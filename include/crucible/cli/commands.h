@@ -86,13 +86,16 @@ struct ConvertRequest {
   std::string from = "auto";           ///< auto, extxyz, deepmd, ase_db.
   std::string to = "auto";             ///< auto (by OUT's extension), extxyz, deepmd.
   std::vector<std::string> overrides;  ///< data.* keys and units of the input.
+  bool overwrite = false;              ///< replace an existing OUT (never IN itself).
 };
 /// `crucible convert IN OUT`: reads IN (read_structures, the data.* keys and
 /// units of `overrides`; labels in eV, eV/Å, eV/Å³) and writes OUT
 /// (write_structures). extxyz → DeePMD → extxyz keeps every value bit for
 /// bit for frames of one composition (DeePMD groups frames by atoms).
+/// OUT is never IN (refused even with `overwrite`), an existing OUT is
+/// refused unless `overwrite`, and a failed write leaves no file behind.
 /// @throws ConfigError for a non-data override, DataError for unreadable
-///         input or an output that exists.
+///         input, an output that exists or is the input, a write failure.
 void run_convert(const ConvertRequest& request, std::ostream& out);
 /// Options of `crucible import mace` (issue 46).
 struct ImportMaceRequest {

@@ -33,9 +33,9 @@ std::vector<Structure> read_ase_db(const std::string& path, const ExtxyzOptions&
 /// key): one `systems` row per structure with numbers, positions, cell,
 /// pbc, energy, forces, stress (6 Voigt values), natoms, fmax, smax, volume,
 /// and the key-value pairs config_type (unless Default) and every `info`
-/// entry whose key is an identifier (numbers stay numbers). Written to a
-/// temporary file and renamed. @throws DataError if `path` exists or
-/// cannot be written.
+/// entry whose key is an identifier (numbers stay numbers). Written to
+/// <path>.crucible-<pid>.tmp (removed on failure) and renamed.
+/// @throws DataError if `path` or that name exists, or cannot be written.
 void write_ase_db(const std::string& path, const std::vector<Structure>& structures);
 
 }  // namespace crucible

@@ -24,7 +24,15 @@ std::vector<Structure> read_structures(const std::string& path, const std::strin
 
 /// Writes `structures` to `path` in `format` (extxyz, deepmd, ase_db; auto
 /// = extxyz for .xyz / .extxyz, ase_db for .db, else a DeePMD directory).
-/// @throws DataError.
-void write_structures(const std::string& path, const std::string& format, const std::vector<Structure>& structures);
+/// Nothing already there is lost unless `overwrite`: an existing `path`
+/// (other than an empty directory for DeePMD) is refused. The output is
+/// written under a temporary name this process owns in the same folder
+/// (.<name>.crucible-<pid>-<random>.tmp) and renamed into place at the end;
+/// on failure that name is removed and `path` is as it was.
+/// @throws DataError naming the path and the cause (an existing output, a
+///   file where a directory goes or the reverse, an I/O error, a structure
+///   the format cannot hold).
+void write_structures(const std::string& path, const std::string& format, const std::vector<Structure>& structures,
+                      bool overwrite = false);
 
 }  // namespace crucible
