@@ -227,8 +227,10 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
                        metric(v.stress_rmse, v.num_stresses, "meV/Å³", 3), v.num_stresses);
   }
   if (v.num_forces > 0) {
-    out << fmt::format("zero-forces baseline MAE {:.2f} meV/Å; model/baseline = {:.3f}\n",
-                       v.zero_forces_mae, v.forces_mae / v.zero_forces_mae);
+    const double ratio = v.forces_mae / v.zero_forces_mae;
+    out << fmt::format("zero-forces baseline MAE {:.2f} meV/Å; model/baseline = {:.3f}{}\n",
+                       v.zero_forces_mae, ratio,
+                       ratio >= 1.0 ? " (WORSE than predicting zero forces: the forces are not learned)" : "");
   }
   if (v.per_config_type.size() > 1) {
     out << fmt::format("{:<20} {:>10}  {:>16}  {:>16}\n", "config_type", "structures", "E MAE", "F MAE");

@@ -773,8 +773,10 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
                        format_metric(v.stress_rmse, v.num_stresses, "meV/Å³", 3));
   }
   if (v.num_forces > 0) {
-    out << fmt::format("  zero-forces baseline MAE {:.2f} meV/Å; model/baseline = {:.3f}\n",
-                       v.zero_forces_mae, v.forces_mae / v.zero_forces_mae);
+    const double ratio = v.forces_mae / v.zero_forces_mae;
+    out << fmt::format("  zero-forces baseline MAE {:.2f} meV/Å; model/baseline = {:.3f}{}\n",
+                       v.zero_forces_mae, ratio,
+                       ratio >= 1.0 ? " (WORSE than predicting zero forces: the forces are not learned)" : "");
   }
   if (v.per_config_type.size() > 1) {
     for (const auto& [type, m] : v.per_config_type) {

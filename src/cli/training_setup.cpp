@@ -157,6 +157,16 @@ TrainingSetup build_training(const Config& input_config,
   const bool isolated_e0s = config.data.e0s.mode == "isolated";
   std::vector<Structure> isolated;
   if (isolated_e0s) isolated = take_isolated_atoms(all);
+  if (config.data.e0s.mode == "least_squares") {  // issue 47: name the rule their frames are for
+    const auto n_isolated = std::count_if(all.begin(), all.end(), is_isolated_atom);
+    if (n_isolated > 0) {
+      err << "crucible: warning: " << train_path << " holds " << n_isolated
+          << " isolated-atom frame" << (n_isolated > 1 ? "s" : "")
+          << " (config_type IsolatedAtom, or one atom with no periodic direction); data.e0s=isolated "
+             "takes their energies as the E0s and leaves them out of training and validation (MACE's "
+             "convention), while the default least_squares fits and validates them like any structure\n";
+    }
+  }
   std::vector<Structure> train, valid;
   std::string split_text;
   if (config.data.valid_file) {

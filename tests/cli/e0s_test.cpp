@@ -175,6 +175,27 @@ TEST(E0sEndToEnd, IsolatedFramesGiveTheE0sAndAreNotTrainedOn) {
   EXPECT_DOUBLE_EQ(meta["e0_eV"]["Al"].get<double>(), -0.375);
   EXPECT_NE(meta["e0_source"].get<std::string>().find("with_isolated.xyz:45, Ti "), std::string::npos)
       << meta["e0_source"];
+  // Issue 47: with the default least_squares, a hint names data.e0s=isolated.
+  const e2e::Result hint = e2e::run_crucible(dir, {"train", "data.train_file=with_isolated.xyz",
+                                                   "data.valid_file=tiny_valid.xyz", "training.num_epochs=1",
+                                                   "output.run_dir=run_ls"});
+  ASSERT_EQ(hint.rc, 0) << hint.err;
+  EXPECT_NE(hint.err.find("with_isolated.xyz holds 2 isolated-atom frames (config_type IsolatedAtom, or one "
+                          "atom with no periodic direction); data.e0s=isolated takes their energies"),
+            std::string::npos)
+      << hint.err;
+  EXPECT_EQ(r.err.find("isolated-atom frame"), std::string::npos) << r.err;  // not when isolated is chosen
+  // Issue 47: a force error above the zero-force baseline is flagged. Oracle:
+  // reference forces scaled to 1e-9 of their values make predicting zero
+  // nearly exact, so any trained model is worse.
+  const e2e::Result flat = e2e::run_crucible(dir, {"evaluate", "--model", "run_ls", "--data", "tiny_valid.xyz",
+                                                   "--forces-unit", "1e-9"});
+  ASSERT_EQ(flat.rc, 0) << flat.err;
+  EXPECT_NE(flat.out.find("(WORSE than predicting zero forces: the forces are not learned)"), std::string::npos)
+      << flat.out;
+  const e2e::Result plain = e2e::run_crucible(dir, {"evaluate", "--model", "run_ls", "--data", "tiny_valid.xyz"});
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  EXPECT_NE(plain.out.find("model/baseline = "), std::string::npos) << plain.out;
   // Without them: a clear error naming the element.
   const e2e::Result none = e2e::run_crucible(dir, {"train", "data.train_file=tiny.xyz", "data.valid_file=tiny_valid.xyz",
                                                    "data.e0s=isolated", "training.num_epochs=1", "output.run_dir=run2"});
