@@ -1457,12 +1457,26 @@ std::string model_type_recipe(const std::string& model_type) {
   return model_type == "mace" ? config_detail::mace_recipe_yaml() : "";
 }
 
+namespace {
+
+/// default_config() with `model_type`'s recipe applied (the defaults of a
+/// run of that type); parsed once per type.
+const Config& model_type_defaults(const std::string& model_type) {
+  static const Config plain = default_config();
+  static const Config mace = [] {
+    Config c = default_config();
+    apply_config_yaml(c, model_type_recipe("mace"), "the model.type mace recipe");
+    return c;
+  }();
+  return model_type == "mace" ? mace : plain;
+}
+
+}  // namespace
+
 Config load_run_config(const std::string& config_file, const std::vector<std::string>& overrides) {
   const std::string text = config_file.empty() ? "" : read_config_text(config_file, "config file");
   auto layered = [&](const std::string& model_type) {
-    Config c = default_config();
-    const std::string recipe = model_type_recipe(model_type);
-    if (!recipe.empty()) apply_config_yaml(c, recipe, "the model.type " + model_type + " recipe");
+    Config c = model_type_defaults(model_type);
     if (!config_file.empty()) apply_config_yaml(c, text, config_file);
     apply_overrides(c, overrides);
     return c;
@@ -1550,10 +1564,7 @@ void validate_config(const Config& config) {
   // "Keep its default" means the default of this model type: its recipe's
   // value where it has one (a MACE run may switch the plateau schedule off
   // without resetting the plateau options the recipe set).
-  Config base = default_config();
-  if (const std::string recipe = model_type_recipe(config.model.type); !recipe.empty()) {
-    apply_config_yaml(base, recipe, "the model.type " + config.model.type + " recipe");
-  }
+  const Config& base = model_type_defaults(config.model.type);
   for (const auto& key : schema()) {
     void* p = key.ref(const_cast<Config&>(config));
     std::string e;
