@@ -91,8 +91,9 @@ class Model {
     return d;
   }
 
-  /// Energy (eV), forces [N,3] (eV/Å), stress [3,3] (eV/Å³, ASE sign; zero
-  /// without periodicity) and per-atom energies [N] (eV) of one structure.
+  /// Energy (eV), forces [N,3] (eV/Å), stress [3,3] (eV/Å³, ASE sign; None
+  /// unless asked for and the structure is periodic with a cell of non-zero
+  /// volume) and per-atom energies [N] (eV) of one structure.
   py::dict compute(const Array& positions, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& numbers,
                    const Array& cell, const std::array<bool, 3>& pbc, bool stress) {
     const int64_t n = static_cast<int64_t>(numbers.size());
@@ -115,7 +116,7 @@ class Model {
       const Batch batch = collate({&s}, {&nl}).to(at::kCPU, dtype_);
       ComputeOptions co;
       co.forces = true;
-      co.stress = stress && (pbc[0] || pbc[1] || pbc[2]);
+      co.stress = stress && s.periodic() && s.volume() > 0;  // defined only with a volume (issue 47)
       co.energies = true;  // per-atom energies from the same evaluation
       out = compute_outputs(*loaded_.model, batch, co);
       node = out.energies;
@@ -123,7 +124,7 @@ class Model {
     py::dict d;
     d["energy"] = out.energy.sum().item<double>();
     d["forces"] = to_numpy(out.forces);
-    d["stress"] = out.stress.defined() ? to_numpy(out.stress[0]) : to_numpy(at::zeros({3, 3}, at::kDouble));
+    d["stress"] = out.stress.defined() ? py::object(to_numpy(out.stress[0])) : py::object(py::none());
     d["energies"] = to_numpy(node);
     return d;
   }

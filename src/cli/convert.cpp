@@ -4,6 +4,7 @@
 #include "crucible/cli/training_setup.h"
 #include "crucible/common/error.h"
 #include "crucible/data/formats.h"
+#include "crucible/data/label_audit.h"
 
 #include <fmt/format.h>
 
@@ -26,8 +27,12 @@ void run_convert(const ConvertRequest& request, std::ostream& out) {
   const std::string from = request.from == "auto" ? detect_format(request.input) : request.from;
   const std::vector<Structure> frames = read_structures(request.input, from, extxyz_options(config.data));
   if (frames.empty()) throw DataError(request.input + ": holds no structure to convert");
+  LabelAudit audit;  // issue 47: a label under a key not named is refused, not left behind
+  audit.add(request.input, frames, extxyz_options(config.data));
+  audit.throw_if_any();
   write_structures(request.output, request.to, frames, request.overwrite);
-  out << fmt::format("converted {} structures: {} ({}) -> {}\n", frames.size(), request.input, from, request.output);
+  out << fmt::format("converted {} structures ({}): {} ({}) -> {}\n", frames.size(), label_counts_text(frames),
+                     request.input, from, request.output);
 }
 
 }  // namespace crucible

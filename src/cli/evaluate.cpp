@@ -5,6 +5,7 @@
 #include "crucible/cli/training_setup.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/cli/label_keys.h"
+#include "crucible/data/label_audit.h"
 #include "crucible/data/formats.h"
 #include "crucible/cli/parity_plot.h"
 #include "crucible/common/error.h"
@@ -55,7 +56,7 @@ void write_predictions(EnergyModel& model, const AtomicDataset& dataset, at::Dev
       Structure s = dataset.structure(idx[b]);
       const int64_t lo = ptr[static_cast<int64_t>(b)].item<int64_t>(), hi = ptr[static_cast<int64_t>(b) + 1].item<int64_t>();
       s.info["crucible_energy"] = fmt::format("{:.17g}", out.energy[static_cast<int64_t>(b)].item<double>());
-      if (s.periodic()) {
+      if (s.periodic() && s.volume() > 0) {  // issue 47: no stress without a volume (a slab with c = 0)
         const at::Tensor st = out.stress[static_cast<int64_t>(b)].to(at::kCPU, at::kDouble).contiguous();
         std::string text;
         for (int64_t k = 0; k < 9; ++k) text += fmt::format("{}{:.17g}", k ? " " : "", st.data_ptr<double>()[k]);
@@ -161,6 +162,11 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
 
   const std::string path = resolve_data_path(req.data_file, "--data");
   std::vector<Structure> structures = read_structures(path, d.format, extxyz_options(d));
+  {
+    LabelAudit audit;  // issue 47: a label under a key not named is an error, not "n/a"
+    audit.add(path, structures, extxyz_options(d));
+    audit.throw_if_any();
+  }
   StructureLimits limits;
   if (loaded.meta.min_distance) limits.min_distance = *loaded.meta.min_distance;  // the model's minimum
   check_structures(structures, "--data", limits);

@@ -6,6 +6,7 @@
 #include "crucible/cli/e0s.h"
 #include "crucible/cli/fine_tuning.h"
 #include "crucible/cli/label_keys.h"
+#include "crucible/data/label_audit.h"
 #include "crucible/data/formats.h"
 #include "crucible/models/energy_normalization.h"
 #include "crucible/precision/cpu_bf16.h"
@@ -152,6 +153,8 @@ TrainingSetup build_training(const Config& input_config,
   const std::string train_path = resolve_data_path(config.data.train_file, "data.train_file");
   config.data.train_file = train_path;
   std::vector<Structure> all = read_file(train_path, config.data, "data.train_file");
+  LabelAudit label_audit;  // issue 47: labels under keys not named, every file in one message
+  label_audit.add(train_path, all, extxyz_options(config.data));
   // data.e0s isolated: the isolated-atom frames give the E0s and are
   // neither trained nor validated on (issue 18).
   const bool isolated_e0s = config.data.e0s.mode == "isolated";
@@ -173,6 +176,7 @@ TrainingSetup build_training(const Config& input_config,
     const std::string valid_path = resolve_data_path(*config.data.valid_file, "data.valid_file");
     config.data.valid_file = valid_path;
     valid = read_file(valid_path, config.data, "data.valid_file");
+    label_audit.add(valid_path, valid, extxyz_options(config.data));
     if (isolated_e0s) (void)take_isolated_atoms(valid);
     train = std::move(all);
     split_text = "validation file " + valid_path;
@@ -201,11 +205,13 @@ TrainingSetup build_training(const Config& input_config,
     const std::string replay_path = resolve_data_path(*tc.replay.file, "training.replay.file");
     config.training.replay.file = replay_path;
     replay = read_file(replay_path, config.data, "training.replay.file");
+    label_audit.add(replay_path, replay, extxyz_options(config.data));
     if (isolated_e0s) (void)take_isolated_atoms(replay);
     if (replay.empty()) throw DataError(replay_path + ": training.replay.file holds no structure to replay");
     for (auto& s : replay) s.weight *= tc.replay.weight;
   }
 
+  label_audit.throw_if_any();
   const LabelCounts tl = count_labels(train);
   const LabelCounts vl = count_labels(valid);
   // Issue 18: a label with a positive loss weight must be in the data; the

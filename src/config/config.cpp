@@ -202,19 +202,24 @@ std::vector<Key> build_schema() {
                [](Config& c) -> void* { return &c.data.seed; }),
            0.0);
   add("data.energy_key", Kind::kString, "",
-      "Header (info) key of the total energy in the extxyz comment line (MACE: energy_key).",
+      "Header (info) key of the total energy in the extxyz comment line (MACE: energy_key); "
+      "none leaves energies out on purpose. A file holding an energy under another name "
+      "(REF_energy, dft_energy, free_energy, ...) is refused naming the key to set.",
       [](Config& c) -> void* { return &c.data.energy_key; });
   add("data.forces_key", Kind::kString, "",
       "Properties column with the forces. \"\" = \"forces\", or \"force\" if the file has no "
-      "\"forces\" column (MACE: forces_key).",
+      "\"forces\" column (MACE: forces_key); none leaves forces out on purpose. Forces under "
+      "another name (REF_forces, dft_force, ...) are refused naming the key to set.",
       [](Config& c) -> void* { return &c.data.forces_key; });
   add("data.stress_key", Kind::kString, "",
       "Header key of the stress: 9 values (row-major 3x3) or 6 Voigt values (xx yy zz yz xz "
-      "xy), ASE sign convention (positive = tensile).",
+      "xy), ASE sign convention (positive = tensile); none leaves stresses out on purpose. A "
+      "stress under another name (REF_stress, dft_stress, ...) is refused naming the key to set.",
       [](Config& c) -> void* { return &c.data.stress_key; });
   add("data.virial_key", Kind::kString, "",
       "Header key of the virial (9 or 6 values, energy unit); used as stress = -virial / "
-      "volume when a frame has no stress.",
+      "volume when a frame has no stress; none leaves virials out on purpose. A virial under "
+      "another name (REF_virials, dft_virial, ...) is refused naming the key to set.",
       [](Config& c) -> void* { return &c.data.virial_key; });
   {
     Key& key = add("data.energy_unit", Kind::kUnit, "",

@@ -105,10 +105,15 @@ std::vector<Structure> read_ase_db(const std::string& path, const ExtxyzOptions&
       }
       s.energy = sqlite3_column_double(st.get(), 5) * o.energy_unit;
     }
-    if (sqlite3_column_type(st.get(), 6) != SQLITE_NULL) {
+    // The stored label columns, for the label audit (issue 47): an energy
+    // column that data.energy_key does not name is found, not dropped.
+    if (sqlite3_column_type(st.get(), 5) != SQLITE_NULL) s.columns.push_back("energy");
+    if (sqlite3_column_type(st.get(), 6) != SQLITE_NULL) s.columns.push_back("forces");
+    if (sqlite3_column_type(st.get(), 7) != SQLITE_NULL) s.columns.push_back("stress");
+    if (sqlite3_column_type(st.get(), 6) != SQLITE_NULL && o.forces_key != "none") {
       s.forces = doubles(blob<double>(st.get(), 6, n * 3, where, "forces"), {n, 3}) * o.forces_unit;
     }
-    if (sqlite3_column_type(st.get(), 7) != SQLITE_NULL) {
+    if (sqlite3_column_type(st.get(), 7) != SQLITE_NULL && o.stress_key != "none") {
       const int bytes = sqlite3_column_bytes(st.get(), 7);
       if (bytes == 6 * 8) {
         const auto v = blob<double>(st.get(), 7, 6, where, "stress");  // xx yy zz yz xz xy

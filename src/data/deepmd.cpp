@@ -102,9 +102,15 @@ void read_system(const fs::path& dir, const ExtxyzOptions& o, std::vector<Struct
     };
     const auto box = optional("box.npy", 9);
     if (periodic && !box) throw DataError((set / "box.npy").string() + ": missing (periodic systems need box.npy; non-periodic ones a nopbc file)");
-    const auto energy = optional("energy.npy", 1);
-    const auto force = optional("force.npy", natoms * 3);
-    const auto virial = optional("virial.npy", 9);
+    // data.<label>_key=none leaves that label out on purpose (issue 47).
+    const auto energy = o.energy_key == "none" ? std::nullopt : optional("energy.npy", 1);
+    const auto force = o.forces_key == "none" ? std::nullopt : optional("force.npy", natoms * 3);
+    const auto virial = o.virial_key == "none" ? std::nullopt : optional("virial.npy", 9);
+    if (virial && !periodic) {
+      throw DataError((set / "virial.npy").string() +
+                      ": a virial needs a periodic cell (stress = -virial / volume), and this system is non-periodic "
+                      "(nopbc); remove virial.npy or set data.virial_key=none");
+    }
     const std::string rel = (dir.filename() / set.filename()).string();
     for (int64_t k = 0; k < nframes; ++k) {
       Structure s;
@@ -114,9 +120,14 @@ void read_system(const fs::path& dir, const ExtxyzOptions& o, std::vector<Struct
       s.pbc = {periodic, periodic, periodic};
       if (energy) s.energy = (*energy)[k][0].item<double>() * o.energy_unit;
       if (force) s.forces = (*force)[k].view({natoms, 3}) * o.forces_unit;
-      if (virial && periodic) {
+      if (virial) {
         const double volume = s.volume();
-        if (volume > 0) s.stress = (*virial)[k].view({3, 3}) * (-o.energy_unit / volume);
+        if (!(volume > 0)) {
+          throw DataError(fmt::format("{}/{} frame {}: box.npy has volume 0, so the virial has no stress "
+                                      "(stress = -virial / volume); fix the box or set data.virial_key=none",
+                                      dir.string(), set.filename().string(), k));
+        }
+        s.stress = (*virial)[k].view({3, 3}) * (-o.energy_unit / volume);
       }
       s.source = fmt::format("{}/{} frame {}", dir.string(), set.filename().string(), k);
       check_finite_values(s);  // binary doubles: NaN / inf are refused here, naming the frame
@@ -158,6 +169,10 @@ void write_deepmd(const std::string& dir, const std::vector<Structure>& structur
     if (s.periodic() && !all) {
       throw DataError(s.source + ": DeePMD systems are periodic in all directions or none, got pbc " +
                       fmt::format("{} {} {}", s.pbc[0], s.pbc[1], s.pbc[2]));
+    }
+    if (s.stress && !(all && s.volume() > 0)) {  // convert never writes fewer labels than it read
+      throw DataError(s.source + ": DeePMD keeps stress as virial.npy, which needs a periodic box of non-zero volume, "
+                      "and this frame has none; write extxyz or an ASE database instead");
     }
     std::ostringstream key;
     const at::Tensor z = s.atomic_numbers.contiguous();

@@ -69,6 +69,12 @@ void check_structures(const std::vector<Structure>& structures, const std::strin
         }
       }
     }
+    if (s.stress && !(s.periodic() && s.volume() > 0)) {  // issue 47: stress only where it is defined
+      fail(s, k, key,
+           fmt::format("a stress label needs a periodic cell of non-zero volume (stress = -virial / volume), got "
+                       "pbc {} {} {} and volume {:g} Å³ (remove the stress or set data.stress_key=none)",
+                       s.pbc[0] ? "T" : "F", s.pbc[1] ? "T" : "F", s.pbc[2] ? "T" : "F", s.volume()));
+    }
     if (s.energy && !(std::abs(*s.energy) / static_cast<double>(n) <= limits.max_abs_energy_per_atom)) {
       fail(s, k, key,
            fmt::format("energy per atom must be within ±{:g} eV, got {:g} eV for {} atoms (wrong "

@@ -96,7 +96,7 @@ class Reader(unittest.TestCase):
     def test_values_equal_numpy(self):
         out = os.path.join(WORK, "systems.xyz")
         p = crucible("convert", self.root, out)
-        self.assertIn("converted 7 structures", p.stdout)
+        self.assertIn("converted 7 structures (energy ", p.stdout)
         frames = read(out, index=":")
         self.assertEqual(len(frames), 7)
         k = 0
@@ -201,6 +201,9 @@ class Reader(unittest.TestCase):
                 "set.000 frame 1: forces must be finite numbers, got nan (atom 1, component 2)", nopbc=True)
         refused("inf_energy", {"coord": np.zeros((1, 9)), "energy": np.array([np.inf])},
                 "set.000 frame 0: energy must be a finite number, got inf", nopbc=True)
+        # Issue 47: a virial of a non-periodic system has no stress: refused, not dropped.
+        refused("nopbc_virial", {"coord": np.zeros((1, 9)), "virial": np.ones((1, 9))},
+                "a virial needs a periodic cell (stress = -virial / volume)", nopbc=True)
         # A truncated .npy file.
         path = os.path.join(bad, "truncated")
         write_system(path, ["O", "H"], [0, 1, 1], [good], nopbc=True)
@@ -252,7 +255,7 @@ class AseDatabase(unittest.TestCase):
     def test_rows_equal_ase(self):
         out = os.path.join(WORK, "from_db.xyz")
         p = crucible("convert", self.path, out)
-        self.assertIn(f"converted {len(self.rows)} structures", p.stdout)
+        self.assertIn(f"converted {len(self.rows)} structures (energy ", p.stdout)
         frames = read(out, index=":")
         self.assertEqual(len(frames), len(self.rows))
         for a, row in zip(frames, self.rows):
@@ -338,6 +341,24 @@ class AseDatabase(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn(nan + ' id 1: key-value pair dft_energy (data.energy_key) must be a number, got "abc"',
                       p.stderr)
+
+    def test_a_wrong_energy_key_names_the_energy_column_and_the_key_value_pair(self):
+        """Issue 47: data.energy_key=WRONG used to read no energy and suggest WRONG back."""
+        out = os.path.join(WORK, "wrong_key.xyz")
+        remove_if_present(out)
+        p = crucible("convert", self.path, out, "data.energy_key=WRONG", check=False)
+        self.assertEqual(p.returncode, 1, p.stdout)
+        self.assertIn(f"energy under 'dft_energy' in {len(self.rows)} of {len(self.rows)} frames", p.stderr)
+        self.assertIn(f"energy under 'energy' in {len(self.rows)} of {len(self.rows)} frames", p.stderr)
+        self.assertIn("set data.energy_key=energy", p.stderr)
+        self.assertNotIn("=WRONG", p.stderr)
+        self.assertFalse(os.path.exists(out))
+        # none: no energy on purpose; forces and stress still arrive.
+        p = crucible("convert", self.path, out, "data.energy_key=none")
+        frames = read(out, index=":")
+        self.assertNotIn("energy", frames[0].calc.results if frames[0].calc else {})
+        np.testing.assert_array_equal(frames[0].get_forces(), self.rows[0].toatoms().get_forces())
+        self.assertIn(f"(energy 0, forces {len(self.rows)}, stress {len(self.rows) - 1})", p.stdout)
 
     def test_refuses_what_is_not_an_ase_database(self):
         fake = os.path.join(WORK, "fake.db")

@@ -148,6 +148,40 @@ class Calculator(unittest.TestCase):
             with self.subTest(model=calc.metadata["type"], cell="none"):
                 self.check_structure(calc, cluster, False)
 
+    def test_stress_only_where_a_volume_exists(self):
+        """Issue 47: a slab whose c vector is zero got stress exactly 0; now it has none."""
+        from ase.calculators.calculator import PropertyNotImplementedError
+        from ase.io import write
+        slab = tial_cell((1, 1, 1))
+        cell = np.array(slab.get_cell())
+        cell[2] = 0.0
+        slab.set_cell(cell)
+        slab.set_pbc([True, True, False])
+        bulk = tial_cell((1, 1, 1))
+        slab.info, bulk.info = {}, {}  # structures only: no labels
+        for run in (SCHNET, MACE):
+            calc = crucible.Calculator(run)
+            with self.subTest(model=calc.metadata["type"]):
+                a = slab.copy()
+                a.calc = calc
+                a.get_potential_energy()
+                self.assertNotIn("stress", calc.results)
+                with self.assertRaisesRegex(PropertyNotImplementedError, "non-zero volume"):
+                    a.get_stress()
+                b = bulk.copy()
+                b.calc = calc
+                b.get_forces()
+                self.assertNotIn("stress", calc.results)  # computed only when ASE asks
+                self.assertEqual(b.get_stress().shape, (6,))
+        data, pred = os.path.join(WORK, "slab.xyz"), os.path.join(WORK, "slab_pred.xyz")
+        write(data, [slab, bulk], format="extxyz")
+        r = subprocess.run([BINARY, "evaluate", "--model", SCHNET, "--data", data, "--write", pred,
+                            "--energy-key", "none", "--forces-key", "none"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        written = read(pred, index=":")
+        self.assertNotIn("crucible_stress", written[0].info)
+        self.assertIn("crucible_stress", written[1].info)
+
     def test_model_file_path_float32_and_metadata(self):
         meta = crucible.load_model(os.path.join(MACE, "model.pt")).metadata()
         self.assertEqual(meta["type"], "mace")

@@ -22,7 +22,10 @@ bool is_sqlite_file(const std::string& path);
 /// "energy", the number in that key-value pair instead of the column), forces [N,3] (× forces_unit), stress (6 Voigt
 /// or 9 values, eV/Å³ ASE sign, × stress_unit). Key-value pairs:
 /// config_type sets Structure::config_type, the others go to `info` (as
-/// text). The `data` column (ASE-encoded JSON) is not read.
+/// text). The `data` column (ASE-encoded JSON) is not read. Structure::columns
+/// lists the label columns the row stores (energy, forces, stress), so an
+/// energy column that energy_key does not name is found by the label audit;
+/// forces_key or stress_key "none" leaves that column out.
 /// source = "PATH id N". @throws DataError naming the file and row: not a
 /// SQLite file, no `systems` table, a blob whose size does not match natoms,
 /// an atomic number outside 1..118.

@@ -24,6 +24,9 @@ bool is_deepmd_path(const std::string& path);
 /// natoms*3] (× options.forces_unit), virial.npy [nframes, 9] as stress =
 /// -virial / volume (× options.energy_unit; the sign of the extxyz virial
 /// and of dpdata). float32 or float64 arrays, little-endian (read_npy).
+/// options.energy_key / forces_key / virial_key "none" leaves energy.npy /
+/// force.npy / virial.npy unread; a virial.npy of a nopbc system or a box of
+/// volume 0 is refused (it has no stress).
 /// Elements from type_map.raw (required). source = "SYSTEM/set.000 frame k".
 /// @throws DataError naming the file: no system, a missing type.raw /
 ///         type_map.raw / coord.npy, a type outside type_map, an unknown element,
@@ -35,7 +38,8 @@ std::vector<Structure> read_deepmd(const std::string& path, const ExtxyzOptions&
 /// (atomic numbers in order), periodicity and labels, in order of first
 /// appearance; float64 arrays; stress as virial = -stress × volume.
 /// @throws DataError if `dir` is not new or empty, a frame is periodic along
-///         only some directions (DeePMD has all or none), or a file cannot be
+///         only some directions (DeePMD has all or none), a non-periodic frame
+///         has a stress (DeePMD's virial needs a box), or a file cannot be
 ///         written.
 void write_deepmd(const std::string& dir, const std::vector<Structure>& structures);
 
