@@ -7,6 +7,9 @@
 #include <cerrno>
 
 #include <filesystem>
+#include <iterator>
+#include <fstream>
+#include <iostream>
 
 #include "crucible/common/error.h"
 #include "crucible/losses/loss.h"
@@ -42,6 +45,31 @@ MetricsJsonlHook::MetricsJsonlHook(std::string path, MetricsJsonlOptions options
   }
 }
 
+void cut_back_to_checkpoint(const std::string& path, uint64_t bytes) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    std::cerr << "crucible: warning: " << path << " is missing (the checkpoint recorded " << bytes
+              << " bytes); a new one starts here, without the rows before the checkpoint\n";
+    return;
+  }
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) throw DataError(path + ": metrics file cannot be read (" + ec.message() + ")");
+  uint64_t keep = bytes;
+  if (size < bytes) {  // never pad: keep what is there, up to its last complete line
+    std::ifstream in(path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t newline = text.rfind('\n');
+    keep = newline == std::string::npos ? 0 : static_cast<uint64_t>(newline + 1);
+    std::cerr << "crucible: warning: " << path << " has " << size << " bytes, fewer than the " << bytes
+              << " the checkpoint recorded (edited or cut?); rows continue after its last complete line, and "
+                 "the rows it lost are not restored\n";
+  }
+  if (keep != size) {
+    std::filesystem::resize_file(path, keep, ec);
+    if (ec) throw DataError(path + ": metrics file cannot be cut back to the checkpoint (" + ec.message() + ")");
+  }
+}
+
 bool MetricsJsonlHook::runs_on_stage(TrainingStage stage) const {
   return stage == TrainingStage::BEFORE_OPTIMIZER_STEP || stage == TrainingStage::AFTER_BATCH ||
          stage == TrainingStage::AFTER_TRAINING || stage == TrainingStage::AFTER_VALIDATION;
@@ -53,8 +81,7 @@ void MetricsJsonlHook::enter() {
   std::error_code ec;
   if (truncate_to_) {
     // A resumed run: lines after the checkpoint (and a torn last line) go.
-    std::filesystem::resize_file(path_, *truncate_to_, ec);
-    if (ec) throw DataError(path_ + ": metrics file cannot be cut back to the checkpoint (" + ec.message() + ")");
+    cut_back_to_checkpoint(path_, *truncate_to_);
     truncate_to_.reset();
   }
   const bool has_lines = options_.append && std::filesystem::file_size(path_, ec) > 0 && !ec;

@@ -1,6 +1,7 @@
 // Live progress bar, per-epoch progress line and metrics.csv hooks.
 
 #include "crucible/cli/progress.h"
+#include "crucible/cli/metrics_log.h"
 
 #include <filesystem>
 
@@ -406,9 +407,8 @@ void MetricsCsvHook::enter() {
   file_.clear();
   std::error_code ec;
   if (truncate_to_) {
-    // A resumed run: rows after the checkpoint go (issue 15).
-    std::filesystem::resize_file(path_, *truncate_to_, ec);
-    if (ec) throw DataError(path_ + ": metrics file cannot be cut back to the checkpoint (" + ec.message() + ")");
+    // A resumed run: rows after the checkpoint go (issue 15); never padded (issue 47).
+    cut_back_to_checkpoint(path_, *truncate_to_);
     truncate_to_.reset();
   }
   const bool has_rows = append_ && std::filesystem::file_size(path_, ec) > 0 && !ec;

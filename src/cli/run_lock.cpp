@@ -19,6 +19,8 @@ namespace fs = std::filesystem;
 
 RunDirLock::RunDirLock(const fs::path& dir) : dir_(dir) {
   std::error_code ec;
+  created_dir_ = !fs::exists(dir, ec);
+  created_file_ = !fs::exists(dir / kRunLockFile, ec);
   fs::create_directories(dir, ec);
   if (ec) throw DataError(dir.string() + ": run directory cannot be created (" + ec.message() + ")");
   const fs::path file = dir / kRunLockFile;
@@ -59,7 +61,14 @@ RunDirLock::RunDirLock(const fs::path& dir) : dir_(dir) {
 }
 
 RunDirLock::~RunDirLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the flock
+  if (fd_ < 0) return;
+  // Issue 47: a start refused before anything was written leaves nothing:
+  // the lock file and the directory go again if this lock made them.
+  if (created_file_ && run_dir_is_empty(dir_)) {
+    ::unlink((dir_ / kRunLockFile).c_str());
+    if (created_dir_) ::rmdir(dir_.c_str());
+  }
+  ::close(fd_);  // releases the flock
 }
 
 bool run_dir_is_empty(const fs::path& dir) {

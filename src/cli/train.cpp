@@ -315,6 +315,36 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   const bool writer = !comm || comm->rank() == 0;
   std::ostringstream discarded;
   std::ostream& out = writer ? out_arg : discarded;
+  fs::path run_dir;
+  // Issue 15: one writer per run directory, for the whole command, taken
+  // before anything in the directory is checked or removed, and (issue 47)
+  // before any data is read, so the process started first wins. A fresh
+  // directory the lock created goes again if the start is refused.
+  std::optional<RunDirLock> lock;
+  if (resume.resume) {
+    if (!input_config.output.run_dir) throw ConfigError("--resume needs a run directory, got none");
+    run_dir = *input_config.output.run_dir;
+    if (!fs::is_directory(run_dir)) {
+      throw ConfigError("--resume " + run_dir.string() + ": must be a run directory with "
+                        "config.yaml and checkpoints/, got no such directory");
+    }
+    if (writer) lock.emplace(run_dir);
+    if (!fs::exists(run_dir / "config.yaml") || !fs::exists(run_dir / "checkpoints")) {
+      throw ConfigError("--resume " + run_dir.string() + ": must be a run directory with "
+                        "config.yaml and checkpoints/, got neither or only one");
+    }
+    if (finished_run(run_dir)) {
+      throw ConfigError("--resume " + run_dir.string() + ": the run finished (summary.json "
+                        "exists); nothing to resume");
+    }
+  } else if (writer) {
+    validate_config(input_config);  // a bad recipe creates no directory
+    run_dir = choose_run_dir(input_config.output);
+    lock.emplace(run_dir);
+    check_run_dir(run_dir, input_config.output);
+  } else {
+    run_dir = input_config.output.run_dir.value_or("");  // never written by this rank
+  }
   TrainingSetup setup = build_training(input_config, {}, comm, local_rank);
   if (writer) {
     for (const auto& w : setup.warnings) err << "crucible: warning: " << w << "\n";
@@ -337,26 +367,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   const auto& spike_hook = setup.spike_hook;
   const auto& ema_hook = setup.ema_hook;
 
-  fs::path run_dir;
-  // Issue 15: one writer per run directory, for the whole command, taken
-  // before anything in the directory is checked or removed.
-  std::optional<RunDirLock> lock;
   if (resume.resume) {
-    if (!config.output.run_dir) throw ConfigError("--resume needs a run directory, got none");
-    run_dir = *config.output.run_dir;
-    if (!fs::is_directory(run_dir)) {
-      throw ConfigError("--resume " + run_dir.string() + ": must be a run directory with "
-                        "config.yaml and checkpoints/, got no such directory");
-    }
-    if (writer) lock.emplace(run_dir);
-    if (!fs::exists(run_dir / "config.yaml") || !fs::exists(run_dir / "checkpoints")) {
-      throw ConfigError("--resume " + run_dir.string() + ": must be a run directory with "
-                        "config.yaml and checkpoints/, got neither or only one");
-    }
-    if (finished_run(run_dir)) {
-      throw ConfigError("--resume " + run_dir.string() + ": the run finished (summary.json "
-                        "exists); nothing to resume");
-    }
     const auto diffs = recipe_differences(load_config_file((run_dir / "config.yaml").string()),
                                           config);
     if (!diffs.empty()) {
@@ -365,12 +376,6 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
       throw ConfigError("--resume " + run_dir.string() + ": the recipe must match the "
                         "checkpointed run's, got differences:" + list);
     }
-  } else if (writer) {
-    run_dir = choose_run_dir(config.output);
-    lock.emplace(run_dir);
-    check_run_dir(run_dir, config.output);
-  } else {
-    run_dir = config.output.run_dir.value_or("");  // never written by this rank
   }
   config.output.run_dir = run_dir.string();
 

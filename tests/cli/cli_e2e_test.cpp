@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <fcntl.h>
+#include <sys/file.h>
 
 #include <chrono>
 #include <cmath>
@@ -469,6 +470,39 @@ TEST_F(CliTest, OneWriterPerRunDirectory) {
   EXPECT_EQ((ra == 1) + (rb == 1), 1) << ra << " " << rb;
 }
 
+// Issue 47: the lock is taken before any data is read (a holder is reported
+// even when this run's data file is bad), and a start refused after taking
+// it leaves no directory holding only .lock.
+TEST_F(CliTest, TheLockComesBeforeTheDataAndARefusedStartLeavesNothing) {
+  const fs::path held = dir_ / "run_held";
+  fs::create_directories(held);
+  const int fd = ::open((held / ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  ASSERT_EQ(::pwrite(fd, "pid 1 on host test, since now\n", 30, 0), 30);
+  write_text(dir_ / "broken.xyz", "2\nProperties=species:S:1:pos:R:3 energy=x\nH 0 0 0\n");
+  auto args = tiny_args(held.string());
+  args.push_back("data.train_file=broken.xyz");
+  Result r = run_crucible(dir_, args);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("is in use by another crucible process (pid 1 on host test"), std::string::npos) << r.err;
+  ::close(fd);
+  // Refused after the lock: a data error leaves no run directory behind.
+  const fs::path fresh = dir_ / "run_refused";
+  args = tiny_args(fresh.string());
+  args.push_back("data.train_file=broken.xyz");
+  r = run_crucible(dir_, args);
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.err.find("broken.xyz"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(fresh)) << "left behind: " << fresh;
+  // A directory the user made stays, without a .lock of ours.
+  fs::create_directories(fresh);
+  r = run_crucible(dir_, args);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(fs::is_directory(fresh));
+  EXPECT_FALSE(fs::exists(fresh / ".lock"));
+}
+
 /// metrics.csv without its elapsed_s column (the 3rd).
 std::string csv_without_times(const std::string& text) {
   std::istringstream in(text);
@@ -534,6 +568,50 @@ TEST_F(CliTest, ResumedMetricsEqualAnUninterruptedRunsApartFromTimes) {
     s.erase("run_dir");
     EXPECT_EQ(s, summary);
   }
+}
+
+// Issue 47: a metrics file cut shorter than the checkpoint recorded was
+// padded with NUL bytes, and a deleted metrics.csv made --resume refuse.
+// Now the short file goes on after its last complete line and the missing
+// one starts anew, each with a warning; no NUL byte anywhere.
+TEST_F(CliTest, ResumeNeverPadsAShortMetricsFileAndStartsAMissingOneAnew) {
+  const fs::path run = dir_ / "metrics_short";
+  auto args = tiny_args(run.string());
+  args.insert(args.end(), {"training.num_epochs=3", "output.checkpoint_every_n_steps=1", "output.log_every_n_steps=1"});
+  ::setenv("CRUCIBLE_FAULT_KILL_AT_BATCH", "0:7", 1);
+  Result r = run_crucible(dir_, args);
+  ::unsetenv("CRUCIBLE_FAULT_KILL_AT_BATCH");
+  ASSERT_EQ(r.rc, 128 + 9) << r.out << r.err;
+  const std::string jsonl = read_text(run / "metrics.jsonl");
+  ASSERT_GT(jsonl.size(), 200u);
+  // Keep the first two lines and half of the third.
+  size_t cut = jsonl.find('\n', jsonl.find('\n') + 1) + 1;
+  const size_t third_end = jsonl.find('\n', cut);
+  cut += (third_end - cut) / 2;
+  write_text(run / "metrics.jsonl", jsonl.substr(0, cut));
+  fs::remove(run / "metrics.csv");
+  r = run_crucible(dir_, {"train", "--resume", run.string()});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find((run / "metrics.csv").string() + " is missing"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find((run / "metrics.jsonl").string() + " has " + std::to_string(cut) + " bytes, fewer than"),
+            std::string::npos)
+      << r.err;
+  for (const char* name : {"metrics.jsonl", "metrics.csv"}) {
+    const std::string text = read_text(run / name);
+    EXPECT_EQ(text.find('\0'), std::string::npos) << name;
+    EXPECT_FALSE(text.empty()) << name;
+    EXPECT_EQ(text.back(), '\n') << name;
+  }
+  // Every jsonl line parses: the torn third line is gone, the rest is whole.
+  std::istringstream lines(read_text(run / "metrics.jsonl"));
+  std::string line;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    EXPECT_NO_THROW((void)nlohmann::json::parse(line)) << line;
+    ++n;
+  }
+  EXPECT_GT(n, 2);
+  EXPECT_EQ(read_text(run / "metrics.csv").rfind("epoch,step,", 0), 0u);  // a header, then the rows from here
 }
 
 // Issue 15: a metrics write that fails (a file-size limit) stops the run

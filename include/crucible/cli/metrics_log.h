@@ -14,6 +14,14 @@
 
 namespace crucible {
 
+/// Issue 47: brings a metrics file of a resumed run back to the `bytes` a
+/// checkpoint recorded, never padding it. A longer file is cut to `bytes`
+/// (rows after the checkpoint go); a shorter one (edited or cut by hand) is
+/// cut to its last complete line, and a missing one is left to be started
+/// anew, each with a one-line warning on stderr naming the file and the
+/// bytes that differ. @throws DataError naming the file when it cannot be cut.
+void cut_back_to_checkpoint(const std::string& path, uint64_t bytes);
+
 /// Options of MetricsJsonlHook.
 struct MetricsJsonlOptions {
   /// Log a training line every n optimizer steps (>= 1): at steps 1, 1+n,

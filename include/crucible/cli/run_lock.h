@@ -14,7 +14,10 @@ inline constexpr const char* kRunLockFile = ".lock";
 /// data-parallel run by rank 0, the only writer) before anything in the
 /// directory is checked or removed. The kernel drops a flock when its holder
 /// dies, so a lock left by a killed process never blocks; the file itself
-/// stays (it records the last holder: "pid <n> host <name> since <UTC time>").
+/// stays (it records the last holder: "pid <n> host <name> since <UTC time>"),
+/// except that a lock whose directory still holds nothing but the lock file
+/// at release removes the lock file it created, and the directory it created
+/// (a refused start leaves no trace).
 class RunDirLock {
  public:
   /// Creates `dir` (and parents) if missing, then takes the lock.
@@ -32,6 +35,8 @@ class RunDirLock {
  private:
   std::filesystem::path dir_;
   int fd_ = -1;
+  bool created_dir_ = false;   // the directory did not exist before
+  bool created_file_ = false;  // nor did its lock file
 };
 
 /// True when `dir` holds nothing but its lock file (or nothing at all).
