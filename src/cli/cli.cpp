@@ -5,6 +5,7 @@
 
 #include "crucible/cli/commands.h"
 #include "crucible/common/error.h"
+#include "crucible/common/fs_error.h"
 #include "crucible/config/config.h"
 #include "crucible/distributed/launcher.h"
 #include "crucible/distributed/process_group.h"
@@ -348,6 +349,12 @@ int run_cli(int argc, char** argv) {
   } catch (const YAML::Exception& e) {
     // Normally translated by the config loader; this is the safety net.
     std::cerr << kPrefix << "invalid YAML at line " << e.mark.line + 1 << ": " << e.msg << "\n";
+    return kExitBadInput;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // Issue 47: a file-system failure (a read-only or immutable folder, a
+    // folder where a file goes) is the user's to fix: one line, the path and
+    // the cause, exit 1.
+    std::cerr << kPrefix << filesystem_error_text(e) << "\n";
     return kExitBadInput;
   } catch (const c10::Error& e) {
     std::cerr << "crucible: internal error: " << e.what_without_backtrace() << "\n";

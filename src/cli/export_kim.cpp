@@ -5,6 +5,7 @@
 #include "crucible/cli/kim_settings.h"
 #include "crucible/cli/model_io.h"
 #include "crucible/common/error.h"
+#include "crucible/common/fs_error.h"
 #include "crucible/data/extxyz.h"
 
 #include <fmt/format.h>
@@ -145,6 +146,7 @@ void run_export_kim(const ExportKimRequest& request, std::ostream& out) {
   const fs::path weights = fs::is_regular_file(request.run_dir) ? fs::path(request.run_dir)
                                                                 : fs::path(model_dir) / "model.pt";
   const std::string elements = element_symbols(loaded.meta.atomic_numbers);
+  if (request.out_dir.empty()) throw DataError("export kim --out must name a new or empty directory, got ''");
   const fs::path dest(request.out_dir);
   if (fs::exists(dest) && !(fs::is_directory(dest) && fs::is_empty(dest))) {
     throw DataError(dest.string() + ": --out must be a new or empty directory (nothing is overwritten)");
@@ -167,7 +169,7 @@ void run_export_kim(const ExportKimRequest& request, std::ostream& out) {
   } catch (const fs::filesystem_error& e) {
     std::error_code ignored;
     fs::remove_all(tmp, ignored);
-    throw DataError(std::string("export kim: ") + e.what());
+    throw DataError("export kim: " + filesystem_error_text(e) + " (nothing was written)");
   }
   out << fmt::format("wrote KIM model {} (driver {}_driver, {}) to {}\n", request.name, request.name, request.dtype,
                      dest.string());

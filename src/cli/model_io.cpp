@@ -181,7 +181,11 @@ LoadedModel load_model(const std::string& path) {
     if (what.rfind(json_path.string(), 0) == 0) throw;
     throw DataError(json_path.string() + ": " + what);
   }
-  if (!fs::exists(pt)) throw DataError(pt.string() + ": model weights file does not exist");
+  if (!fs::exists(pt)) {  // issue 47: say what is there and what to do
+    throw DataError(pt.string() + ": model weights file does not exist, although " + json_path.string() +
+                    " does (an unfinished run? finish it with crucible train --resume " + run_dir +
+                    ", or give a .pt file of the run)");
+  }
   try {
     out.model = model_factory(meta.model_type).from_json(meta.hyperparameters);
   } catch (const std::exception& e) {

@@ -240,7 +240,7 @@ void require_regular_file(const fs::path& p, const std::string& key, const std::
     case fs::file_type::regular: return;
     case fs::file_type::directory:
       if (is_deepmd_path(p.string())) return;  // a DeePMD system (issue 18)
-      throw DataError(what + " is a directory without a DeePMD system (type.raw in it or below); data files "
+      throw DataError(what + " is a directory without a DeePMD system (type.raw in it or up to 16 levels below); data files "
                       "are extended-XYZ files (.xyz, .extxyz) or DeePMD system directories");
     case fs::file_type::fifo:
       throw DataError(what + " is a FIFO (named pipe); data files must be regular files");

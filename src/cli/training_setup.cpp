@@ -230,6 +230,12 @@ TrainingSetup build_training(const Config& input_config,
     const int64_t per_rank = (tc.distributed.drop_last && r > 1 && n % r != 0) ? n / r : (n + r - 1) / r;
     batches_per_epoch = (per_rank + tc.batch_size - 1) / tc.batch_size;
   }
+  if (!tc.num_steps && tc.num_epochs && tc.gradient_accumulation_steps > batches_per_epoch * *tc.num_epochs) {
+    throw ConfigError(fmt::format(  // issue 47: no optimizer step would ever be taken
+        "training.gradient_accumulation_steps must be at most the {} batches of the run ({} per epoch x "
+        "training.num_epochs {}), got {}; no optimizer step would be taken",
+        batches_per_epoch * *tc.num_epochs, batches_per_epoch, *tc.num_epochs, tc.gradient_accumulation_steps));
+  }
   std::optional<int64_t> run_epochs;
   if (tc.num_steps && batches_per_epoch > 0) {
     const int64_t batches = *tc.num_steps * tc.gradient_accumulation_steps;
@@ -385,6 +391,14 @@ TrainingSetup build_training(const Config& input_config,
       min_pair = std::min(min_pair, r.norm(2, 1).min().item<double>());
     }
     mctx.avg_num_neighbors = atoms > 0 ? static_cast<double>(edges) / static_cast<double>(atoms) : 1.0;
+    const bool could_have_pairs = std::any_of(train.begin(), train.end(),
+                                              [](const Structure& s) { return s.num_atoms() > 1 || s.periodic(); });
+    if (edges == 0 && could_have_pairs) {  // issue 47: a model that sees no neighbor learns nothing
+      throw ConfigError(fmt::format("{} {:g} Å leaves every atom of {} without a neighbor (no pair closer than the "
+                                    "cutoff in {} structures); MLIP cutoffs are usually 4-6 Å",
+                                    imported_source ? "the imported model's cutoff" : "model.cutoff", cutoff,
+                                    config.data.train_file, train.size()));
+    }
   }
   // Fine-tuning (issue 18): the source model's elements join the new data's
   // (so a model with a fixed element list keeps its shapes) and its

@@ -505,12 +505,17 @@ std::vector<Key> build_schema() {
       "the optimizer, requires_grad false. Names as in `crucible info` / models.json. \"\" = train "
       "all.",
       [](Config& c) -> void* { return &c.training.freeze; });
-  min_incl(add("training.gradient_accumulation_steps", Kind::kInt, "",
-               "Accumulate the gradients of this many batches before each optimizer step "
-               "(the loss of each batch is divided by it); 1 = no accumulation. "
-               "num_epochs counts batches, so an epoch has 1/n as many optimizer steps.",
-               [](Config& c) -> void* { return &c.training.gradient_accumulation_steps; }),
-           1.0);
+  {
+    Key& key = add("training.gradient_accumulation_steps", Kind::kInt, "",
+                   "Accumulate the gradients of this many batches before each optimizer step "
+                   "(the loss of each batch is divided by it); 1 = no accumulation. "
+                   "num_epochs counts batches, so an epoch has 1/n as many optimizer steps. "
+                   "At most 1000000, and at most the batches a num_epochs run has.",
+                   [](Config& c) -> void* { return &c.training.gradient_accumulation_steps; });
+    min_incl(key, 1.0);
+    key.max = 1e6;
+    key.max_inclusive = true;
+  }
   add("training.spike_skipping.enabled", Kind::kBool, "",
       "Skip the optimizer step of a batch whose loss or gradient norm is not finite, or "
       "whose loss exceeds median + k * MAD of the last accepted losses.",

@@ -2,6 +2,7 @@
 
 #include "crucible/data/ase_db.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "crucible/common/error.h"
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sqlite3.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -218,10 +220,16 @@ void write_ase_db(const std::string& path, const std::vector<Structure>& structu
   if (fs::exists(tmp)) throw DataError(tmp + ": exists; remove it or choose another output name");
   try {
   {
+    // Created here first, so a refusal names the system's reason (EPERM,
+    // ENOSPC, ...); SQLite takes an empty file as a new database.
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) throw DataError(tmp + ": cannot create the ASE database (" + std::strerror(errno) + ")");
+    ::close(fd);
     sqlite3* raw = nullptr;
     if (sqlite3_open_v2(tmp.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) != SQLITE_OK) {
+      const std::string why = raw ? sqlite3_errmsg(raw) : "out of memory";
       sqlite3_close(raw);
-      throw DataError(path + ": cannot create the ASE database");
+      throw DataError(path + ": cannot create the ASE database (" + why + ")");
     }
     std::unique_ptr<sqlite3, Closer> db(raw);
     exec(db.get(), kSchema, path);

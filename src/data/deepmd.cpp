@@ -31,6 +31,9 @@ std::vector<std::string> words_of(const fs::path& file) {
   return words;
 }
 
+/// How many directory levels below a path the search for systems goes.
+constexpr int kDeepmdSearchDepth = 16;
+
 std::vector<fs::path> systems_below(const fs::path& root) {
   std::vector<fs::path> out;
   std::error_code ec;
@@ -38,7 +41,7 @@ std::vector<fs::path> systems_below(const fs::path& root) {
   for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (it->is_directory(ec) && fs::is_regular_file(it->path() / "type.raw", ec)) out.push_back(it->path());
-    if (it.depth() > 8) it.disable_recursion_pending();
+    if (it.depth() + 1 >= kDeepmdSearchDepth) it.disable_recursion_pending();
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -148,7 +151,8 @@ std::vector<Structure> read_deepmd(const std::string& path, const ExtxyzOptions&
   if (!fs::is_directory(path)) throw DataError(path + ": a DeePMD system must be a directory with type.raw");
   const std::vector<fs::path> systems = systems_below(path);
   if (systems.empty()) {
-    throw DataError(path + ": directory holds no DeePMD system (type.raw in it or below)");
+    throw DataError(path + ": directory holds no DeePMD system (type.raw in it or up to " +
+                    std::to_string(kDeepmdSearchDepth) + " levels below)");
   }
   std::vector<Structure> out;
   for (const auto& dir : systems) read_system(dir, options, out);

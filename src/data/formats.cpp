@@ -22,7 +22,7 @@ std::string detect_format(const std::string& path) {
   const fs::path p(path);
   if (fs::is_directory(p, ec)) {
     if (is_deepmd_path(path)) return "deepmd";
-    throw DataError(path + ": is a directory without a DeePMD system (type.raw in it or below); data files are "
+    throw DataError(path + ": is a directory without a DeePMD system (type.raw in it or up to 16 levels below); data files are "
                            "extended-XYZ files (.xyz, .extxyz) or DeePMD system directories");
   }
   const std::string ext = p.extension().string();

@@ -66,11 +66,15 @@ at::Tensor read_npy(const std::string& path) {
     for (std::string item; std::getline(ss, item, ',');) {
       if (item.find_first_not_of(" ") == std::string::npos) continue;
       try {
-        const long long v = std::stoll(item);
+        // Digits only: stoll would read "1e1" as 1 and "2.5" as 2 (issue 47).
+        const size_t first = item.find_first_not_of(" "), last = item.find_last_not_of(" ");
+        const std::string digits = item.substr(first, last - first + 1);
+        if (digits.find_first_not_of("0123456789") != std::string::npos) throw std::invalid_argument(digits);
+        const long long v = std::stoll(digits);
         if (v < 0 || v > (int64_t{1} << 40)) throw std::out_of_range("");
         shape.push_back(v);
       } catch (const std::exception&) {
-        fail(path, ".npy shape entries must be integers, got '" + item + "'");
+        fail(path, ".npy shape entries must be non-negative integers, got '" + item + "'");
       }
     }
   }

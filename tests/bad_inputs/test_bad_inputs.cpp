@@ -116,6 +116,7 @@ TEST_F(BadInputs, EveryCatalogFileGivesItsExactErrorANonZeroExitAndStaysBelowOne
     expected = substitute(expected, "{cwd}", cwd.string());
     expected = substitute(expected, "{file}", file.string());
     expected = substitute(expected, "{run}", run_dir.string());
+    expected = substitute(expected, "{source}", std::string(CRUCIBLE_SOURCE_DIR));
     EXPECT_EQ(o.rc, c.at("exit").get<int>()) << o.err;
     EXPECT_NE(o.rc, 0);
     EXPECT_EQ(last_line(o.err), expected);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -100,6 +101,34 @@ TEST_F(ConvertSafety, AnUnrelatedTmpFileSurvivesAndAFailedWriteLeavesNothing) {
   const std::string e = convert((dir_ / "slab.xyz").string(), (dir_ / "dp").string());
   EXPECT_NE(e.find("DeePMD systems are periodic in all directions or none"), std::string::npos) << e;
   EXPECT_EQ(listing(), before);
+}
+
+// Issue 47: file-system failures were a raw "filesystem error" with exit 2.
+// In a folder nothing may be created in (chattr +i; skipped where the file
+// system or the user cannot set it) every writer gives one line, exit 1,
+// naming the path and the cause.
+TEST_F(ConvertSafety, AFolderThatCannotBeWrittenIsOneLineNamingThePath) {
+  const fs::path locked = dir_ / "locked";
+  fs::create_directories(locked);
+  if (std::system(("chattr +i " + shell_quote(locked.string()) + " 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "chattr +i is not available here";
+  }
+  for (const std::string out : {"out.xyz", "out.db", "out_deepmd"}) {
+    SCOPED_TRACE(out);
+    const Result r = run_crucible(dir_, {"convert", "in.xyz", (locked / out).string()});
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.find("filesystem error"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(locked.string()), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("Operation not permitted"), std::string::npos) << r.err;
+  }
+  const Result run = run_crucible(dir_, {"train", "data.train_file=in.xyz", "data.valid_file=in.xyz",
+                                         "output.run_dir=" + (locked / "run").string()});
+  EXPECT_EQ(run.rc, 1);
+  EXPECT_NE(run.err.find((locked / "run").string() + ": run directory cannot be created (Operation not permitted)"),
+            std::string::npos)
+      << run.err;
+  (void)std::system(("chattr -i " + shell_quote(locked.string())).c_str());
 }
 
 }  // namespace

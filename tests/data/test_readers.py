@@ -201,6 +201,23 @@ class Reader(unittest.TestCase):
                 "set.000 frame 1: forces must be finite numbers, got nan (atom 1, component 2)", nopbc=True)
         refused("inf_energy", {"coord": np.zeros((1, 9)), "energy": np.array([np.inf])},
                 "set.000 frame 0: energy must be a finite number, got inf", nopbc=True)
+        # Issue 47: a shape entry 1e1 was read as 1 and another file was blamed.
+        path = os.path.join(bad, "exponent_shape")
+        write_system(path, ["O", "H"], [0, 1, 1], [{"coord": np.zeros((10, 9))}], nopbc=True)
+        coord = os.path.join(path, "set.000", "coord.npy")
+        with open(coord, "rb") as f:
+            data = f.read()
+        self.assertIn(b"(10, 9)", data)
+        with open(coord, "wb") as f:
+            f.write(data.replace(b"(10, 9)", b"(1e1,9)"))
+        p = crucible("convert", path, path + ".xyz", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(coord + ": .npy shape entries must be non-negative integers, got '1e1'", p.stderr)
+        # A system 12 folders deep is found (the search goes 16 levels down).
+        deep = os.path.join(bad, "deep", *[f"d{k}" for k in range(12)])
+        write_system(deep, ["O", "H"], [0, 1, 1], [{"coord": np.zeros((1, 9)), "energy": np.zeros(1)}], nopbc=True)
+        p = crucible("convert", os.path.join(bad, "deep"), os.path.join(WORK, "deep.xyz"))
+        self.assertIn("converted 1 structures", p.stdout)
         # Issue 47: a virial of a non-periodic system has no stress: refused, not dropped.
         refused("nopbc_virial", {"coord": np.zeros((1, 9)), "virial": np.ones((1, 9))},
                 "a virial needs a periodic cell (stress = -virial / volume)", nopbc=True)

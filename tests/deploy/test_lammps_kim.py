@@ -294,6 +294,18 @@ class Refusals(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn("must be a new or empty directory", p.stderr)
         self.assertEqual(os.listdir(taken), ["keep.txt"])
+        # Issue 47: an empty --out was a raw "filesystem error", exit 2.
+        p = run([BINARY, "export", "kim", SCHNET, "--name", "M", "--out", ""], check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("export kim --out must name a new or empty directory, got ''", p.stderr)
+        # A run directory whose model.json exists but model.pt does not: say so.
+        unfinished = os.path.join(WORK, "unfinished_run")
+        os.makedirs(unfinished, exist_ok=True)
+        shutil.copy(os.path.join(SCHNET, "model.json"), unfinished)
+        p = run([BINARY, "export", "kim", unfinished, "--name", "M", "--out", os.path.join(WORK, "u")], check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("model weights file does not exist, although", p.stderr)
+        self.assertIn("crucible train --resume", p.stderr)
         future = os.path.join(WORK, "future_run")
         shutil.copytree(SCHNET, future, dirs_exist_ok=True)
         with open(os.path.join(future, "model.json")) as f:

@@ -5,14 +5,26 @@
 #include "crucible/models/mace/mace.h"
 #include "crucible/models/registry.h"
 
+#include "crucible/common/error.h"
+
 #include <stdexcept>
 
 namespace crucible {
 namespace {
 
+/// Irreps::parse of the value of model.mace.<key>, its errors naming the key
+/// (issue 47). @throws ConfigError "model.mace.<key>: irreps '...': ...".
+mace::Irreps parse_key(const char* key, const std::string& text, int max_l) {
+  try {
+    return mace::Irreps::parse(text, max_l);
+  } catch (const std::exception& e) {
+    throw ConfigError(std::string("model.mace.") + key + ": " + e.what());
+  }
+}
+
 /// "16x0e" → 16 (MACE's MLP_irreps of the last readout: scalars only).
 int64_t scalar_multiplicity(const std::string& text) {
-  const mace::Irreps ir = mace::Irreps::parse(text, 0);
+  const mace::Irreps ir = parse_key("mlp_irreps", text, 0);
   if (ir.size() != 1 || ir.terms()[0].irrep != mace::Irrep{0, 1}) {
     throw std::invalid_argument("model.mace.mlp_irreps must be scalars like 16x0e, got '" + text + "'");
   }
@@ -115,7 +127,7 @@ ModelFactory mace_factory() {
   f.parameter_estimate = [](const ModelBuildContext& ctx) {
     // Upper estimate from the option values alone (no model is built):
     // paths per layer <= (number of hidden irreps) · (max_ell + 1)².
-    const mace::Irreps hidden = mace::Irreps::parse(ctx.get_string("hidden_irreps"), 3);
+    const mace::Irreps hidden = parse_key("hidden_irreps", ctx.get_string("hidden_irreps"), 3);
     const double C = hidden.size() ? static_cast<double>(hidden.terms()[0].mul) : 1.0;
     const double terms = static_cast<double>(hidden.size());
     const double L = static_cast<double>(ctx.get_int("max_ell") + 1);
