@@ -127,7 +127,7 @@ E0Choice choose_e0s(const E0Setting& setting, const std::vector<Structure>& trai
     }
     std::string list;
     for (const auto& [z, w] : where) list += (list.empty() ? "" : ", ") + chemical_symbol(z) + " " + w;
-    c.source = "isolated atoms (" + list + ")";
+    c.source = "isolated atoms (" + list + "; those frames are left out of training and validation)";
   } else {  // least_squares
     int64_t labelled = 0;
     for (const auto& s : train) labelled += s.energy.has_value();

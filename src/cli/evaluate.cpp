@@ -4,6 +4,8 @@
 #include "crucible/cli/commands.h"
 #include "crucible/cli/training_setup.h"
 #include "crucible/cli/model_io.h"
+#include "crucible/cli/e0s.h"
+#include "crucible/cli/error_report.h"
 #include "crucible/cli/label_keys.h"
 #include "crucible/data/label_audit.h"
 #include "crucible/data/formats.h"
@@ -21,23 +23,22 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 namespace crucible {
 
 namespace {
 
-std::string metric(double v, int64_t n, const char* unit, int precision = 2) {
-  if (n == 0 || !std::isfinite(v)) return "n/a";
-  return fmt::format("{:.{}f} {}", v, precision, unit);
-}
 
 /// Every structure of `dataset` with the model's predictions, written to
 /// `write_path` (through a temporary file and a rename), and their parity
 /// plot to `parity_path`, where set.
 void write_predictions(EnergyModel& model, const AtomicDataset& dataset, at::Device device, const EvaluateOptions& eo,
-                       const std::optional<std::string>& write_path, const std::optional<std::string>& parity_path) {
+                       const std::optional<std::string>& write_path, const std::optional<std::string>& parity_path,
+                       const std::string& title) {
   ParityData parity;
+  parity.title = title;
   std::vector<Structure> frames;
   frames.reserve(static_cast<size_t>(dataset.size()));
   for (int64_t start = 0; start < dataset.size(); start += eo.batch_size) {
@@ -56,23 +57,34 @@ void write_predictions(EnergyModel& model, const AtomicDataset& dataset, at::Dev
       Structure s = dataset.structure(idx[b]);
       const int64_t lo = ptr[static_cast<int64_t>(b)].item<int64_t>(), hi = ptr[static_cast<int64_t>(b) + 1].item<int64_t>();
       s.info["crucible_energy"] = fmt::format("{:.17g}", out.energy[static_cast<int64_t>(b)].item<double>());
+      const int group = parity.group_of(s.config_type);
       if (s.periodic() && s.volume() > 0) {  // issue 47: no stress without a volume (a slab with c = 0)
         const at::Tensor st = out.stress[static_cast<int64_t>(b)].to(at::kCPU, at::kDouble).contiguous();
         std::string text;
         for (int64_t k = 0; k < 9; ++k) text += fmt::format("{}{:.17g}", k ? " " : "", st.data_ptr<double>()[k]);
         s.info["crucible_stress"] = text;
+        if (s.stress) {
+          const at::Tensor sr = s.stress->to(at::kDouble).contiguous().view({-1});
+          for (int64_t k = 0; k < 9; ++k) {
+            parity.stress_ref.push_back(sr.data_ptr<double>()[k]);
+            parity.stress_pred.push_back(st.data_ptr<double>()[k]);
+            parity.stress_group.push_back(group);
+          }
+        }
       }
       s.arrays = {{"crucible_forces", forces.narrow(0, lo, hi - lo)}, {"crucible_energies", node.narrow(0, lo, hi - lo)}};
       const double n = static_cast<double>(hi - lo);
       if (s.energy) {
         parity.energy_ref.push_back(*s.energy / n);
         parity.energy_pred.push_back(out.energy[static_cast<int64_t>(b)].item<double>() / n);
+        parity.energy_group.push_back(group);
       }
       if (s.forces) {
         const at::Tensor fr = s.forces->to(at::kDouble).contiguous().view({-1});
         const at::Tensor fp = forces.narrow(0, lo, hi - lo).contiguous().view({-1});
         parity.forces_ref.insert(parity.forces_ref.end(), fr.data_ptr<double>(), fr.data_ptr<double>() + fr.numel());
         parity.forces_pred.insert(parity.forces_pred.end(), fp.data_ptr<double>(), fp.data_ptr<double>() + fp.numel());
+        parity.forces_group.insert(parity.forces_group.end(), static_cast<size_t>(fr.numel()), group);
       }
       if (write_path) frames.push_back(std::move(s));
     }
@@ -207,7 +219,20 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
   }
 
   const double cutoff = loaded.model->cutoff();
-  AtomicDataset dataset(std::move(structures), cutoff);
+  // Issue 47: isolated atoms are treated as training's validation treats
+  // them. A model whose E0s are the isolated-atom energies (data.e0s
+  // isolated) left them out of training and validation, so they are left out
+  // of the errors here too, and reported on their own line.
+  const bool isolated_e0s = loaded.meta.e0_source.rfind("isolated atoms", 0) == 0;
+  const auto n_isolated = std::count_if(structures.begin(), structures.end(), is_isolated_atom);
+  const size_t num_frames = structures.size();
+  std::vector<Structure> isolated;
+  std::optional<AtomicDataset> all_frames;  // --write and --parity show every frame
+  if (isolated_e0s && n_isolated > 0 && n_isolated < static_cast<int64_t>(num_frames)) {
+    if (req.write_path || req.parity_path) all_frames.emplace(structures, cutoff);
+    isolated = take_isolated_atoms(structures);
+  }
+  AtomicDataset dataset(std::move(structures), cutoff);  // the frames the errors are over
   EvaluateOptions eo;
   eo.batch_size = req.batch_size;
   eo.stress = true;
@@ -217,37 +242,28 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
 
   out << fmt::format("model      {} ({}, {}, cutoff {} Å, elements{})\n", req.model_dir,
                      loaded.meta.model_type, loaded.meta.dtype, cutoff, elements);
-  out << fmt::format("data       {}: {} structures, {} atoms\n", path, dataset.size(), atoms);
+  out << fmt::format("data       {}: {} structures, {} atoms\n", path, num_frames, atoms);
   out << fmt::format("units      energy {}, forces {}, stress {}\n", d.energy_unit.to_string(),
                      d.forces_unit.to_string(), d.stress_unit.to_string());
   out << fmt::format("structures {}\n", v.num_structures);
-  out << fmt::format("energy     MAE {:>16}   RMSE {:>16}   ({} structures)\n",
-                     metric(v.energy_mae, v.num_energies, "meV/atom"),
-                     metric(v.energy_rmse, v.num_energies, "meV/atom"), v.num_energies);
-  out << fmt::format("forces     MAE {:>16}   RMSE {:>16}   ({} components)\n",
-                     metric(v.forces_mae, v.num_forces, "meV/Å"),
-                     metric(v.forces_rmse, v.num_forces, "meV/Å"), v.num_forces);
-  if (v.num_stresses > 0) {
-    out << fmt::format("stress     MAE {:>16}   RMSE {:>16}   ({} components)\n",
-                       metric(v.stress_mae, v.num_stresses, "meV/Å³", 3),
-                       metric(v.stress_rmse, v.num_stresses, "meV/Å³", 3), v.num_stresses);
-  }
-  if (v.num_forces > 0) {
-    const double ratio = v.forces_mae / v.zero_forces_mae;
-    out << fmt::format("zero-forces baseline MAE {:.2f} meV/Å; model/baseline = {:.3f}{}\n",
-                       v.zero_forces_mae, ratio,
-                       ratio >= 1.0 ? " (WORSE than predicting zero forces: the forces are not learned)" : "");
-  }
-  if (v.per_config_type.size() > 1) {
-    out << fmt::format("{:<20} {:>10}  {:>16}  {:>16}\n", "config_type", "structures", "E MAE", "F MAE");
-    for (const auto& [type, m] : v.per_config_type) {
-      out << fmt::format("{:<20} {:>10}  {:>16}  {:>16}\n", type, m.num_structures,
-                         metric(m.energy_mae, m.num_energies, "meV/atom"), metric(m.forces_mae, m.num_forces, "meV/Å"));
-    }
+  write_error_report(out, v, "");  // issue 47: MAE and RMSE, baselines, config_type table
+  if (!isolated.empty()) {
+    AtomicDataset alone(isolated, cutoff);
+    const ValidationSummary vi = evaluate_model(*loaded.model, alone, device, eo);
+    out << fmt::format("isolated atoms: {} frame{} left out of the errors above, as training's validation left them "
+                       "out (their energies are the model's E0s, data.e0s isolated); energy MAE on them {}\n",
+                       isolated.size(), isolated.size() > 1 ? "s" : "", format_metric(vi.energy_mae, vi.num_energies, "meV/atom"));
+  } else if (n_isolated > 0) {
+    out << fmt::format("isolated atoms: {} frame{} counted in the errors above, as training's validation counts them "
+                       "(the model's E0s: {})\n",
+                       n_isolated, n_isolated > 1 ? "s" : "",
+                       loaded.meta.e0_source.empty() ? std::string("not recorded") : loaded.meta.e0_source);
   }
   out.flush();
   if (req.write_path || req.parity_path) {
-    write_predictions(*loaded.model, dataset, device, eo, req.write_path, req.parity_path);
+    write_predictions(*loaded.model, all_frames ? *all_frames : dataset, device, eo, req.write_path, req.parity_path,
+                      fmt::format("{} model {} on {} ({} structures)", loaded.meta.model_type, req.model_dir, req.data_file,
+                                  num_frames));
   }
 
   if (req.json_path) {
@@ -255,6 +271,7 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
     for (const auto& [k, val] : v.as_map()) {
       j[k] = std::isfinite(val) ? nlohmann::json(val) : nlohmann::json();
     }
+    j["mean_energy_rmse"] = v.num_energies > 1 ? nlohmann::json(v.mean_energy_rmse) : nlohmann::json();
     j["num_structures"] = v.num_structures;
     j["num_energies"] = v.num_energies;
     j["num_forces"] = v.num_forces;

@@ -249,9 +249,11 @@ std::string learning_curve_svg(const LearningCurve& curve) {
   }
   Series energy{"energy MAE (meV/atom)", "#d62728", {}};
   Series forces{"force MAE (meV/Å)", "#2ca02c", {}};
+  Series stress{"stress MAE (meV/Å³)", "#9467bd", {}};  // issue 47: trained, so plotted
   for (const auto& p : curve.validation) {
     if (plottable(p.energy_mae)) energy.points.emplace_back(static_cast<double>(p.step), p.energy_mae);
     if (plottable(p.forces_mae)) forces.points.emplace_back(static_cast<double>(p.step), p.forces_mae);
+    if (plottable(p.stress_mae)) stress.points.emplace_back(static_cast<double>(p.step), p.stress_mae);
   }
   auto by_step = [](Series& s) {
     std::stable_sort(s.points.begin(), s.points.end(),
@@ -260,25 +262,30 @@ std::string learning_curve_svg(const LearningCurve& curve) {
   by_step(loss);
   by_step(energy);
   by_step(forces);
+  by_step(stress);
   top.series.push_back(std::move(loss));
   bottom.series.push_back(std::move(energy));
   bottom.series.push_back(std::move(forces));
+  if (!stress.points.empty()) bottom.series.push_back(std::move(stress));
   const std::vector<Panel> panels = {top, bottom};
   const XAxis xa = make_x_axis(panels);
 
   std::string subtitle;
   if (!curve.train.empty()) {
     const auto& t = curve.train.back();
-    subtitle += fmt::format("last train loss {} (step {})", fmt_value(t.loss), t.step);
+    // Issue 47: one batch's loss, not metrics.csv's epoch mean; say which.
+    subtitle += fmt::format("loss of the last logged batch {} (step {})", fmt_value(t.loss), t.step);
   }
   if (!curve.validation.empty()) {
     const auto& v = curve.validation.back();
     auto with_unit = [](double x, const char* unit) {
       return std::isfinite(x) ? fmt_value(x) + " " + unit : fmt_value(x);
     };
-    subtitle += fmt::format("{}last validation E MAE {}, F MAE {} (step {})",
+    subtitle += fmt::format("{}last validation E MAE {}, F MAE {}{} (step {})",
                             subtitle.empty() ? "" : "; ", with_unit(v.energy_mae, "meV/atom"),
-                            with_unit(v.forces_mae, "meV/Å"), v.step);
+                            with_unit(v.forces_mae, "meV/Å"),
+                            std::isfinite(v.stress_mae) ? ", S MAE " + with_unit(v.stress_mae, "meV/Å³") : "",
+                            v.step);
   }
 
   std::string svg = fmt::format(
@@ -355,7 +362,7 @@ LearningCurve read_learning_curve_jsonl(const std::string& path) {
       curve.train.push_back({step->get<int64_t>(), number(j, "loss")});
     } else if (type == "validation") {
       curve.validation.push_back(
-          {step->get<int64_t>(), number(j, "energy_mae"), number(j, "forces_mae")});
+          {step->get<int64_t>(), number(j, "energy_mae"), number(j, "forces_mae"), number(j, "stress_mae")});
     }
   }
   return curve;

@@ -163,6 +163,16 @@ void MetricsJsonlHook::operator()(TrainContext& ctx, TrainingStage stage) {
     case TrainingStage::AFTER_VALIDATION: {
       if (!ctx.validation) break;
       const ValidationSummary& v = *ctx.validation;
+      // Issue 47: the final validation of the weights the last line already
+      // reports (same step, same figures) is not written a second time.
+      if (training_done_ && !curve_.validation.empty()) {
+        const auto& last = curve_.validation.back();
+        auto same = [](double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); };
+        if (last.step == ctx.step_count && same(last.energy_mae, v.energy_mae) &&
+            same(last.forces_mae, v.forces_mae) && same(last.stress_mae, v.stress_mae)) {
+          break;
+        }
+      }
       ordered_json j;
       j["type"] = "validation";
       j["step"] = ctx.step_count;
@@ -177,7 +187,7 @@ void MetricsJsonlHook::operator()(TrainContext& ctx, TrainingStage stage) {
       j["final"] = training_done_;
       j["elapsed_s"] = elapsed;
       write_line(j.dump());
-      curve_.validation.push_back({ctx.step_count, v.energy_mae, v.forces_mae});
+      curve_.validation.push_back({ctx.step_count, v.energy_mae, v.forces_mae, v.stress_mae});
       break;
     }
     default:

@@ -7,6 +7,7 @@
 #include "crucible/cli/learning_curve.h"
 #include "crucible/cli/metrics_log.h"
 #include "crucible/cli/progress.h"
+#include "crucible/cli/error_report.h"
 #include "crucible/cli/run_lock.h"
 #include "crucible/cli/training_setup.h"
 #include "crucible/common/error.h"
@@ -208,6 +209,9 @@ json metrics_json(const ErrorMetrics& v) {
   for (const auto& [k, val] : v.as_map()) j[k] = std::isfinite(val) ? json(val) : json();
   const double ratio = v.forces_mae / v.zero_forces_mae;
   j["forces_mae_over_zero_forces_mae"] = std::isfinite(ratio) ? json(ratio) : json();
+  j["mean_energy_rmse"] = v.num_energies > 1 ? json(v.mean_energy_rmse) : json();  // issue 47
+  const double e_ratio = v.energy_rmse / v.mean_energy_rmse;
+  j["energy_rmse_over_mean_energy_rmse"] = v.num_energies > 1 && std::isfinite(e_ratio) ? json(e_ratio) : json();
   j["num_structures"] = v.num_structures;
   j["num_energies"] = v.num_energies;
   j["num_forces"] = v.num_forces;
@@ -223,10 +227,6 @@ json summary_json(const ValidationSummary& v) {
   return j;
 }
 
-std::string format_metric(double v, int64_t count, const char* unit, int precision = 2) {
-  if (count == 0 || !std::isfinite(v)) return "n/a";
-  return fmt::format("{:.{}f} {}", v, precision, unit);
-}
 
 }  // namespace
 
@@ -761,35 +761,12 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   summary["units"] = {{"energy_mae", "meV/atom"},  {"energy_rmse", "meV/atom"},
                       {"forces_mae", "meV/Å"},     {"forces_rmse", "meV/Å"},
                       {"stress_mae", "meV/Å^3"},   {"stress_rmse", "meV/Å^3"},
-                      {"zero_forces_mae", "meV/Å"}, {"wall_time_s", "s"}};
+                      {"zero_forces_mae", "meV/Å"}, {"mean_energy_rmse", "meV/atom"}, {"wall_time_s", "s"}};
   write_file_atomically(run_dir / "summary.json", summary.dump(2) + "\n");
 
   const auto& v = final_metrics;
   out << "final validation (" << v.num_structures << " structures)\n";
-  out << fmt::format("  energy  MAE {:>16}   RMSE {:>16}\n",
-                     format_metric(v.energy_mae, v.num_energies, "meV/atom"),
-                     format_metric(v.energy_rmse, v.num_energies, "meV/atom"));
-  out << fmt::format("  forces  MAE {:>16}   RMSE {:>16}\n",
-                     format_metric(v.forces_mae, v.num_forces, "meV/Å"),
-                     format_metric(v.forces_rmse, v.num_forces, "meV/Å"));
-  if (v.num_stresses > 0) {
-    out << fmt::format("  stress  MAE {:>16}   RMSE {:>16}\n",
-                       format_metric(v.stress_mae, v.num_stresses, "meV/Å³", 3),
-                       format_metric(v.stress_rmse, v.num_stresses, "meV/Å³", 3));
-  }
-  if (v.num_forces > 0) {
-    const double ratio = v.forces_mae / v.zero_forces_mae;
-    out << fmt::format("  zero-forces baseline MAE {:.2f} meV/Å; model/baseline = {:.3f}{}\n",
-                       v.zero_forces_mae, ratio,
-                       ratio >= 1.0 ? " (WORSE than predicting zero forces: the forces are not learned)" : "");
-  }
-  if (v.per_config_type.size() > 1) {
-    for (const auto& [type, m] : v.per_config_type) {
-      out << fmt::format("  {:<20} {:>3} structures  E MAE {:>16}  F MAE {:>14}\n", type,
-                         m.num_structures, format_metric(m.energy_mae, m.num_energies, "meV/atom"),
-                         format_metric(m.forces_mae, m.num_forces, "meV/Å"));
-    }
-  }
+  write_error_report(out, v, "  ");  // issue 47: MAE and RMSE, baselines, config_type table
   if (strategy.precision_hook() && strategy.precision_hook()->mode() == PrecisionMode::k16Mixed) {
     out << fmt::format("  16-mixed gradient scaler: final scale {}\n",
                        strategy.precision_hook()->scale());

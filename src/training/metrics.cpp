@@ -85,6 +85,7 @@ void MetricsAccumulator::add(const ModelOutputs& pred, const Batch& batch) {
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   // Per-structure sums [B]; totals and config_type groups add them up.
   at::Tensor e_abs = at::zeros({b}, f64), e_sq = at::zeros({b}, f64), e_n = at::zeros({b}, f64);
+  at::Tensor e_ref = at::zeros({b}, f64);  // E_ref / N where labelled
   at::Tensor f_abs = at::zeros({b}, f64), f_sq = at::zeros({b}, f64), f_zero = at::zeros({b}, f64),
              f_n = at::zeros({b}, f64);
   at::Tensor s_abs = at::zeros({b}, f64), s_sq = at::zeros({b}, f64), s_n = at::zeros({b}, f64);
@@ -93,6 +94,8 @@ void MetricsAccumulator::add(const ModelOutputs& pred, const Batch& batch) {
     auto err = (pred.energy.detach().to(cpu, at::kDouble) - batch.energy.to(cpu, at::kDouble)) /
                batch.num_atoms.to(cpu, at::kDouble);
     err = at::where(mask, err, at::zeros_like(err));  // a NaN on an unlabelled item stays out
+    const auto ref = batch.energy.to(cpu, at::kDouble) / batch.num_atoms.to(cpu, at::kDouble);
+    e_ref = at::where(mask, ref, at::zeros_like(ref));
     e_abs = err.abs();
     e_sq = err.square();
     e_n = mask.to(at::kDouble);
@@ -123,11 +126,13 @@ void MetricsAccumulator::add(const ModelOutputs& pred, const Batch& batch) {
        en = e_n.accessor<double, 1>(), fa = f_abs.accessor<double, 1>(),
        fs = f_sq.accessor<double, 1>(), fz = f_zero.accessor<double, 1>(),
        fn = f_n.accessor<double, 1>(), sa = s_abs.accessor<double, 1>(),
-       ss = s_sq.accessor<double, 1>(), sn = s_n.accessor<double, 1>();
+       ss = s_sq.accessor<double, 1>(), sn = s_n.accessor<double, 1>(), er = e_ref.accessor<double, 1>();
   for (int64_t i = 0; i < b; ++i) {
     for (Sums* sums : {&total_, &by_type_[batch.config_types[i]]}) {
       sums->e_abs += ea[i];
       sums->e_sq += es[i];
+      sums->e_ref += er[i];
+      sums->e_ref_sq += er[i] * er[i];
       sums->n_e += static_cast<int64_t>(en[i]);
       sums->f_abs += fa[i];
       sums->f_sq += fs[i];
@@ -150,6 +155,10 @@ ErrorMetrics MetricsAccumulator::Sums::metrics() const {
   s.stress_mae = kMilli * mean_or_nan(s_abs, n_s);
   s.stress_rmse = kMilli * std::sqrt(mean_or_nan(s_sq, n_s));
   s.zero_forces_mae = kMilli * mean_or_nan(f_zero, n_f);
+  {
+    const double mean = mean_or_nan(e_ref, n_e);
+    s.mean_energy_rmse = kMilli * std::sqrt(std::max(0.0, mean_or_nan(e_ref_sq, n_e) - mean * mean));
+  }
   s.num_energies = n_e;
   s.num_forces = n_f;
   s.num_stresses = n_s;
@@ -166,13 +175,14 @@ void MetricsAccumulator::allreduce(Communicator& communicator,
                                   "' must be in the list of all types, got no such entry");
     }
   }
-  constexpr int64_t kFields = 11;
+  constexpr int64_t kFields = 13;
   const int64_t rows = 1 + static_cast<int64_t>(config_types.size());
   at::Tensor packed = at::zeros({rows, kFields}, at::kDouble);
   auto pack = [&](int64_t row, const Sums& x) {
     double* d = packed.data_ptr<double>() + row * kFields;
     const double v[kFields] = {x.e_abs, x.e_sq, x.f_abs, x.f_sq, x.s_abs, x.s_sq, x.f_zero,
-                               double(x.n_e), double(x.n_f), double(x.n_s), double(x.n_struct)};
+                               double(x.n_e), double(x.n_f), double(x.n_s), double(x.n_struct), x.e_ref,
+                               x.e_ref_sq};
     std::copy(v, v + kFields, d);
   };
   pack(0, total_);
@@ -188,6 +198,7 @@ void MetricsAccumulator::allreduce(Communicator& communicator,
     x.f_zero = d[6];
     x.n_e = std::llround(d[7]), x.n_f = std::llround(d[8]), x.n_s = std::llround(d[9]);
     x.n_struct = std::llround(d[10]);
+    x.e_ref = d[11], x.e_ref_sq = d[12];
     return x;
   };
   total_ = unpack(0);

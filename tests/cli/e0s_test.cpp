@@ -196,6 +196,26 @@ TEST(E0sEndToEnd, IsolatedFramesGiveTheE0sAndAreNotTrainedOn) {
   const e2e::Result plain = e2e::run_crucible(dir, {"evaluate", "--model", "run_ls", "--data", "tiny_valid.xyz"});
   ASSERT_EQ(plain.rc, 0) << plain.err;
   EXPECT_NE(plain.out.find("model/baseline = "), std::string::npos) << plain.out;
+  // Issue 47: evaluate treats isolated atoms as training's validation did:
+  // left out for a model with isolated E0s (the errors equal those on the
+  // file without them), counted for a least_squares model; both say so.
+  const e2e::Result with = e2e::run_crucible(dir, {"evaluate", "--model", "run", "--data", "with_isolated.xyz",
+                                                   "--json", "with.json"});
+  ASSERT_EQ(with.rc, 0) << with.err;
+  EXPECT_NE(with.out.find("isolated atoms: 2 frames left out of the errors above"), std::string::npos) << with.out;
+  const e2e::Result without = e2e::run_crucible(dir, {"evaluate", "--model", "run", "--data", "tiny.xyz",
+                                                      "--json", "without.json"});
+  ASSERT_EQ(without.rc, 0) << without.err;
+  const auto jw = nlohmann::json::parse(e2e::read_text(dir / "with.json"));
+  const auto jo = nlohmann::json::parse(e2e::read_text(dir / "without.json"));
+  EXPECT_EQ(jw["num_energies"], 10);
+  EXPECT_DOUBLE_EQ(jw["energy_mae"].get<double>(), jo["energy_mae"].get<double>());
+  EXPECT_DOUBLE_EQ(jw["forces_mae"].get<double>(), jo["forces_mae"].get<double>());
+  const e2e::Result counted = e2e::run_crucible(dir, {"evaluate", "--model", "run_ls", "--data", "with_isolated.xyz"});
+  ASSERT_EQ(counted.rc, 0) << counted.err;
+  EXPECT_NE(counted.out.find("isolated atoms: 2 frames counted in the errors above"), std::string::npos)
+      << counted.out;
+  EXPECT_NE(counted.out.find("(12 structures)"), std::string::npos) << counted.out;
   // Without them: a clear error naming the element.
   const e2e::Result none = e2e::run_crucible(dir, {"train", "data.train_file=tiny.xyz", "data.valid_file=tiny_valid.xyz",
                                                    "data.e0s=isolated", "training.num_epochs=1", "output.run_dir=run2"});

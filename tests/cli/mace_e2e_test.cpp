@@ -103,7 +103,10 @@ TEST_F(MaceE2e, TrainSigtermResumeAndEvaluateWithEma) {
   const std::string picture = read_text(svg);
   size_t points = 0;
   for (size_t p = picture.find("class=\"point\""); p != std::string::npos; p = picture.find("class=\"point\"", p + 1)) ++points;
-  EXPECT_EQ(points, ev.at("num_energies").get<size_t>() + ev.at("num_forces").get<size_t>());
+  EXPECT_EQ(points, ev.at("num_energies").get<size_t>() + ev.at("num_forces").get<size_t>() +
+                        ev.at("num_stresses").get<size_t>());  // issue 47: a stress panel
+  EXPECT_NE(picture.find("class=\"title\""), std::string::npos);
+  EXPECT_NE(picture.find("RMSE "), std::string::npos);
   EXPECT_EQ(picture.find("no data"), std::string::npos);
   EXPECT_NE(picture.find("class=\"diagonal\""), std::string::npos);
 

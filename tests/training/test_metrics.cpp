@@ -105,6 +105,13 @@ TEST(Metrics, OverallAndPerConfigTypeMatchADirectPyTorchComputation) {
         EXPECT_NEAR(value, x, 1e-10 * std::max(1.0, std::abs(x))) << group << " " << key;
       }
     }
+    // Issue 47: the spread of the labels (not in as_map).
+    if (!w.at("mean_energy_rmse").is_null()) {
+      EXPECT_NEAR(m.mean_energy_rmse, w.at("mean_energy_rmse").get<double>(),
+                  1e-6 * std::max(1.0, w.at("mean_energy_rmse").get<double>()))
+          << group;
+    }
+    if (group == "all") EXPECT_GT(m.mean_energy_rmse, 1.0) << group;
   };
   compare(got, want.at("all"), "all");
   ASSERT_EQ(got.per_config_type.size(), 3u);

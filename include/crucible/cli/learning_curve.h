@@ -3,6 +3,7 @@
 // text, no plotting dependency.
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct LearningCurve {
     int64_t step = 0;         ///< optimizer steps taken when it ran (x).
     double energy_mae = 0;    ///< meV/atom (NaN without energy labels).
     double forces_mae = 0;    ///< meV/Å (NaN without force labels).
+    double stress_mae = std::numeric_limits<double>::quiet_NaN();  ///< meV/Å³ (NaN without stress labels).
   };
   std::vector<TrainPoint> train;
   std::vector<ValidationPoint> validation;

@@ -54,7 +54,9 @@ struct MetricsJsonlOptions {
 ///    "num_stresses":...,"inference_model":bool,"final":bool,"elapsed_s":T}`
 ///   at every AFTER_VALIDATION, with every metric of
 ///   ValidationSummary::as_map() (meV/atom, meV/Å, meV/Å³). E is the number
-///   of completed epochs; "final" is true for the validation after training.
+///   of completed epochs; "final" is true for the validation after training,
+///   which is written only when it differs from the last line (another step
+///   or other figures, e.g. EMA weights); a repeat of the last line is not.
 ///
 /// Non-finite numbers (NaN metrics without labels, a diverged loss) are
 /// written as null. Only rank 0 (ctx.global_rank == 0) writes.

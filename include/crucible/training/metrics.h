@@ -29,6 +29,11 @@ struct ErrorMetrics {
   double stress_mae = 0, stress_rmse = 0;  ///< meV/Å³ over 9 components.
   /// Force MAE (meV/Å) of a model that predicts zero forces: mean |F_ref|.
   double zero_forces_mae = 0;
+  /// Energy RMSE (meV/atom) of a model that predicts every structure's mean
+  /// energy per atom: the standard deviation of E_ref/N (population, over
+  /// the labelled structures; 0 for one). An energy RMSE at or above it means
+  /// the energies are not learned (issue 47). Not in as_map().
+  double mean_energy_rmse = 0;
   int64_t num_energies = 0;  ///< structures with an energy label.
   int64_t num_forces = 0;    ///< force components compared.
   int64_t num_stresses = 0;  ///< stress components compared.
@@ -80,7 +85,7 @@ class MetricsAccumulator {
   /// Mean/RMS values in meV units, overall and per config_type.
   ValidationSummary summary() const;
   /// Replaces the sums by their totals over all workers (one float64
-  /// all-reduce of [(1 + types) x 11] sums and counts), so a summary is
+  /// all-reduce of [(1 + types) x 13] sums and counts), so a summary is
   /// over every worker's structures, not a mean of means. `config_types`
   /// must list every type any worker may hold (e.g. all of the validation
   /// set's), identically on every worker; types with no structure in total
@@ -92,6 +97,7 @@ class MetricsAccumulator {
  private:
   struct Sums {
     double e_abs = 0, e_sq = 0, f_abs = 0, f_sq = 0, s_abs = 0, s_sq = 0, f_zero = 0;
+    double e_ref = 0, e_ref_sq = 0;  // Σ E_ref/N and Σ (E_ref/N)² (eV/atom)
     int64_t n_e = 0, n_f = 0, n_s = 0, n_struct = 0;
     ErrorMetrics metrics() const;
   };

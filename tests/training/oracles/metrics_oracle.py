@@ -9,7 +9,9 @@ FILE: {"structures": [{"config_type": str, "num_atoms": int,
         "stress": [[pred...9], [ref...9]] or null}, ...]}
 Prints JSON {"<group>": {metric: value}} for group "all" and each config_type:
 energy MAE/RMSE per atom in meV/atom, forces MAE/RMSE over components and the
-zero-forces MAE in meV/Å, stress MAE/RMSE over the 9 components in meV/Å^3;
+zero-forces MAE in meV/Å, the mean-energy RMSE (standard deviation of the
+reference energies per atom) in meV/atom, stress MAE/RMSE over the 9
+components in meV/Å^3;
 NaN (as null) when a group has no such label.
 """
 import json
@@ -38,6 +40,11 @@ def metrics(items):
 
     et = torch.tensor(e, dtype=torch.float64) if e else None
     put("energy", et, torch.zeros_like(et) if et is not None else None)
+    # Spread of the labels per atom: the RMSE of predicting their mean
+    # (torch.std with correction 0 = population standard deviation).
+    ref = [s["energy"][1] / s["num_atoms"] for s in items if s["energy"]]
+    out["mean_energy_rmse"] = (1000.0 * torch.tensor(ref, dtype=torch.float64).std(unbiased=False).item()
+                               if ref else None)
     if fp:
         put("forces", torch.cat(fp), torch.cat(fr))
         out["zero_forces_mae"] = 1000.0 * torch.mean(torch.abs(torch.cat(fr))).item()
