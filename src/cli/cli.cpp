@@ -70,8 +70,8 @@ int run(int argc, char** argv) {
       "Train a model. Reads the data and config, checks them, then writes the run directory "
       "(config.yaml, metrics.csv, model.pt, model.json, summary.json last).");
   train->add_option("-c,--config", train_config, "YAML config file (see `crucible config "
-                                                 "--dump-default`); default: built-in defaults")
-      ->check(CLI::ExistingFile);
+                                                 "--dump-default`; configs/NAME.yaml is also looked "
+                                                 "for in the source tree); default: built-in defaults");
   train->add_option("overrides", train_overrides,
                     "Config overrides key.path=value, e.g. training.num_epochs=3 model.cutoff=4.5 "
                     "data.train_file=foo.xyz (values parsed as YAML)");
@@ -184,8 +184,7 @@ int run(int argc, char** argv) {
   config_cmd->add_flag("--dump-default", dump_default,
                        "Print the default config, every key commented (as configs/default.yaml)");
   config_cmd->add_flag("--markdown", markdown, "Print the table of keys as Markdown");
-  config_cmd->add_option("-c,--config", cfg_file, "YAML config file to resolve")
-      ->check(CLI::ExistingFile);
+  config_cmd->add_option("-c,--config", cfg_file, "YAML config file to resolve");
 
   // spec
   std::string spec_config, spec_file;
@@ -195,7 +194,7 @@ int run(int argc, char** argv) {
   spec_cmd->require_subcommand(1);
   CLI::App* spec_dump = spec_cmd->add_subcommand(
       "dump", "Print the recipe of a config file (or the defaults) with overrides as JSON");
-  spec_dump->add_option("-c,--config", spec_config, "YAML config file")->check(CLI::ExistingFile);
+  spec_dump->add_option("-c,--config", spec_config, "YAML config file");
   spec_dump->add_option("overrides", spec_overrides, "Config overrides key.path=value");
   CLI::App* spec_validate = spec_cmd->add_subcommand(
       "validate", "Check a JSON spec: unknown keys and wrong types are errors naming the key");
@@ -226,6 +225,7 @@ int run(int argc, char** argv) {
       if (!resume.resume) throw ConfigError("--checkpoint needs --resume RUN_DIR");
       resume.checkpoint = resume_checkpoint;
     }
+    if (!resume.resume && !train_config.empty()) train_config = resolve_config_path(train_config);
     // --run-dir is taken verbatim (not YAML-parsed), so any path works.
     Config config = resolve_config(train_config, train_overrides);
     if (!run_dir_flag.empty()) config.output.run_dir = run_dir_flag;
@@ -302,7 +302,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (spec_dump->parsed()) {
-    std::cout << config_to_spec_json(resolve_config(spec_config, spec_overrides));
+    std::cout << config_to_spec_json(resolve_config(spec_config.empty() ? spec_config : resolve_config_path(spec_config), spec_overrides));
     return 0;
   }
   if (spec_validate->parsed()) {
@@ -323,7 +323,7 @@ int run(int argc, char** argv) {
       std::cout << dump_config(default_config(), true);
       return 0;
     }
-    std::cout << dump_config(resolve_config(cfg_file, cfg_overrides), true);
+    std::cout << dump_config(resolve_config(cfg_file.empty() ? cfg_file : resolve_config_path(cfg_file), cfg_overrides), true);
     return 0;
   }
   return 0;

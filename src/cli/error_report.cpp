@@ -3,6 +3,7 @@
 #include "crucible/cli/error_report.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 
@@ -68,6 +69,44 @@ void write_error_report(std::ostream& out, const ValidationSummary& v, const std
              "zero-forces baseline\n";
     }
   }
+}
+
+namespace {
+
+void read_metrics(const nlohmann::json& j, ErrorMetrics& m) {
+  auto number = [&](const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_number() ? it->get<double>() : std::nan("");
+  };
+  auto count = [&](const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : int64_t{0};
+  };
+  m.energy_mae = number("energy_mae");
+  m.energy_rmse = number("energy_rmse");
+  m.forces_mae = number("forces_mae");
+  m.forces_rmse = number("forces_rmse");
+  m.stress_mae = number("stress_mae");
+  m.stress_rmse = number("stress_rmse");
+  m.zero_forces_mae = number("zero_forces_mae");
+  m.mean_energy_rmse = number("mean_energy_rmse");
+  m.num_energies = count("num_energies");
+  m.num_forces = count("num_forces");
+  m.num_stresses = count("num_stresses");
+  m.num_structures = count("num_structures");
+}
+
+}  // namespace
+
+ValidationSummary validation_from_json(const nlohmann::json& j) {
+  ValidationSummary v;
+  if (!j.is_object()) return v;
+  read_metrics(j, v);
+  const auto types = j.find("per_config_type");
+  if (types != j.end() && types->is_object()) {
+    for (const auto& [name, m] : types->items()) read_metrics(m, v.per_config_type[name]);
+  }
+  return v;
 }
 
 }  // namespace crucible

@@ -135,6 +135,32 @@ void run_info(const std::string& path, std::ostream& out) {
   out << fmt::format("cutoff          {} Å\n", loaded.model->cutoff());
   out << fmt::format("dtype           {}\n", m.dtype);
   out << "units           energy eV, forces eV/Å, stress eV/Å^3\n";
+  // Issue 47: what stops an MD run and what sets its ghost cost.
+  if (m.min_distance) {
+    out << fmt::format("min distance    {:.4g} Å (the closest pair of the training data; evaluate, the calculator and "
+                       "the KIM model refuse atoms closer than this)\n",
+                       *m.min_distance);
+  }
+  out << fmt::format("interaction range {:.4g} Å (message-passing layers x cutoff: an atom's energy depends on "
+                     "atoms this far away; the KIM model's influence distance, the reach of LAMMPS's ghost atoms)\n",
+                     loaded.model->interaction_range());
+  const std::filesystem::path summary_path = std::filesystem::path(dir) / "summary.json";
+  if (std::filesystem::exists(summary_path)) {  // issue 47: how good the model is
+    try {
+      std::ifstream in(summary_path);
+      const nlohmann::json s = nlohmann::json::parse(in);
+      if (s.contains("validation")) {
+        const ValidationSummary v = validation_from_json(s.at("validation"));
+        out << fmt::format("validation      of model.pt on the run's {} validation structures (summary.json):\n",
+                           v.num_structures);
+        write_error_report(out, v, "  ");
+      }
+    } catch (const nlohmann::json::exception& e) {
+      out << "validation      " << summary_path.string() << " cannot be read (" << e.what() << ")\n";
+    }
+  } else {
+    out << "validation      none recorded (no summary.json beside the model: an imported or unfinished model)\n";
+  }
   const std::filesystem::path recipe = std::filesystem::path(dir) / "config.yaml";
   if (std::filesystem::exists(recipe)) {
     const Config c = load_config_file(recipe.string());

@@ -290,6 +290,27 @@ std::string resolve_data_path(const std::string& path, const std::string& key) {
   throw DataError(key + " file '" + path + "' does not exist (looked in: " + where + ")");
 }
 
+std::string resolve_config_path(const std::string& path) {
+  const fs::path p(path);
+  std::error_code ec;
+  if (fs::is_regular_file(p, ec)) return path;
+  std::vector<std::string> tried{fs::absolute(p).lexically_normal().string()};
+#ifdef CRUCIBLE_DATA_DIR
+  if (p.is_relative()) {  // issue 47: configs/x.yaml falls back to the source tree, as data/ does
+    auto it = p.begin();
+    if (it != p.end() && it->string() == "configs") {
+      fs::path alt = fs::path(CRUCIBLE_DATA_DIR).parent_path() / "configs";
+      for (++it; it != p.end(); ++it) alt /= *it;
+      if (fs::is_regular_file(alt, ec)) return alt.lexically_normal().string();
+      tried.push_back(alt.lexically_normal().string());
+    }
+  }
+#endif
+  std::string where;
+  for (const auto& t : tried) where += (where.empty() ? "" : ", ") + t;
+  throw ConfigError("--config file '" + path + "' does not exist or is not a file (looked in: " + where + ")");
+}
+
 TrainResult run_training(const Config& input_config, std::ostream& out_arg, std::ostream& err,
                          const std::string& command_line, const ResumeOptions& resume) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -38,15 +40,95 @@ size_t physical_memory_bytes() {
 
 }  // namespace
 
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
+namespace {
+
+/// The first number in `path` ("max" and absent files: nullopt).
+std::optional<int64_t> read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::nullopt;
+  try {
+    return static_cast<int64_t>(std::stoll(text));
+  } catch (const std::exception&) {
+    return std::nullopt;
   }
-  const size_t physical = physical_memory_bytes();
-  return physical > 0 ? static_cast<int64_t>(physical) : INT64_MAX;
+}
+
+/// The value of `key` in a memory.stat file (0 when absent).
+int64_t stat_value(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string k;
+  int64_t v = 0;
+  while (in >> k >> v) {
+    if (k == key) return v;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::optional<int64_t> cgroup_available_bytes(const std::string& proc_self_cgroup, const std::string& root) {
+  namespace fs = std::filesystem;
+  std::ifstream in(proc_self_cgroup);
+  std::optional<int64_t> best;
+  std::error_code ec;
+  for (std::string line; std::getline(in, line);) {
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    bool v2 = false;
+    fs::path base;
+    if (controllers.empty()) {  // cgroup v2: the unified hierarchy
+      v2 = true;
+      base = fs::exists(fs::path(root) / "cgroup.controllers", ec) ? fs::path(root) : fs::path(root) / "unified";
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      base = fs::path(root) / "memory";
+    } else {
+      continue;
+    }
+    // From the process's cgroup up to the hierarchy's root (inside a
+    // container the mount may start below the path /proc names).
+    fs::path rel = fs::path(path).relative_path();
+    while (true) {
+      const fs::path dir = base / rel;
+      if (fs::is_directory(dir, ec)) {
+        const auto limit = read_number((dir / (v2 ? "memory.max" : "memory.limit_in_bytes")).string());
+        const auto usage = read_number((dir / (v2 ? "memory.current" : "memory.usage_in_bytes")).string());
+        // v1 reports "no limit" as a huge page-rounded number.
+        if (limit && usage && *limit < (int64_t{1} << 60)) {
+          const int64_t reclaimable =
+              stat_value((dir / "memory.stat").string(), v2 ? "inactive_file" : "total_inactive_file");
+          const int64_t left = std::max<int64_t>(0, *limit - std::max<int64_t>(0, *usage - reclaimable));
+          best = best ? std::min(*best, left) : left;
+        }
+      }
+      if (rel.empty() || rel == rel.parent_path()) break;
+      rel = rel.parent_path();
+    }
+  }
+  return best;
+}
+
+int64_t available_memory_bytes() {
+  int64_t host = -1;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    int64_t kib = 0;
+    while (in >> key >> kib >> unit) {
+      if (key == "MemAvailable:") {
+        host = kib * 1024;
+        break;
+      }
+    }
+  }
+  if (host < 0) {
+    const size_t physical = physical_memory_bytes();
+    host = physical > 0 ? static_cast<int64_t>(physical) : INT64_MAX;
+  }
+  // Issue 47: a container's memory limit binds before the host's free memory.
+  const auto cgroup = cgroup_available_bytes();
+  return cgroup ? std::min(host, *cgroup) : host;
 }
 
 #if defined(__linux__)

@@ -470,6 +470,22 @@ TEST_F(CliTest, OneWriterPerRunDirectory) {
   EXPECT_EQ((ra == 1) + (rb == 1), 1) << ra << " " << rb;
 }
 
+// Issue 47: --config configs/NAME.yaml is found from any folder, as data/
+// paths are; a missing one names where it was looked for (exit 1).
+TEST_F(CliTest, ConfigPathsResolveAsDataPathsDo) {
+  Result r = run_crucible(dir_, {"config", "--config", "configs/mace.yaml"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("type: \"mace\""), std::string::npos) << r.out;
+  r = run_crucible(dir_, {"spec", "dump", "--config", "configs/mace.yaml"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = run_crucible(dir_, {"train", "--config", "configs/nope.yaml"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--config file 'configs/nope.yaml' does not exist or is not a file (looked in: "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find(std::string(CRUCIBLE_SOURCE_DIR) + "/configs/nope.yaml"), std::string::npos) << r.err;
+}
+
 // Issue 47: the lock is taken before any data is read (a holder is reported
 // even when this run's data file is bad), and a start refused after taking
 // it leaves no directory holding only .lock.

@@ -6,6 +6,7 @@
 
 #include "cli/e2e_helpers.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -117,6 +118,18 @@ TEST_F(MaceE2e, TrainSigtermResumeAndEvaluateWithEma) {
   EXPECT_NE(r.out.find("type            mace"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("elements        Al Ti"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("recipe ("), std::string::npos) << r.out;
+  // Issue 47: how good the model is, the closest distance it accepts and its reach.
+  EXPECT_NE(r.out.find(fmt::format("interaction range {:.4g} Å",
+                                   meta.at("hyperparameters").at("num_interactions").get<int64_t>() *
+                                       meta.at("hyperparameters").at("cutoff").get<double>())),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(fmt::format("min distance    {:.4g} Å", meta.at("min_distance_angstrom").get<double>())),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("validation      of model.pt on the run's"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  forces  MAE "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("zero-forces baseline MAE"), std::string::npos) << r.out;
   const double dmin = meta.at("min_distance_angstrom").get<double>();
   EXPECT_GT(dmin, 0.5);
   EXPECT_LT(dmin, 2.0);

@@ -347,10 +347,10 @@ TEST(MetricsJsonl, LinesMatchTheRunAndTheCurveIsWritten) {
   // The curve held by the hook and the one read back from the file agree.
   const LearningCurve back = read_learning_curve_jsonl((dir / "metrics.jsonl").string());
   ASSERT_EQ(back.train.size(), 5u);
-  ASSERT_EQ(back.validation.size(), 4u);
+  ASSERT_EQ(back.validation.size(), 3u);  // the final repeat of step 9 is not written (issue 47)
   ASSERT_EQ(metrics->curve().train.size(), 5u);
   EXPECT_DOUBLE_EQ(back.train[2].loss, metrics->curve().train[2].loss);
-  EXPECT_DOUBLE_EQ(back.validation[3].forces_mae, strategy.last_validation()->forces_mae);
+  EXPECT_DOUBLE_EQ(back.validation[2].forces_mae, strategy.last_validation()->forces_mae);
 
   // learning_curve.svg: written at exit, atomically, one polyline per series.
   EXPECT_TRUE(metrics->curve_error().empty()) << metrics->curve_error();

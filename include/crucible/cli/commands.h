@@ -19,6 +19,12 @@ namespace crucible {
 /// @throws DataError "<key> file '<path>' does not exist (looked in: ...)".
 std::string resolve_data_path(const std::string& path, const std::string& key);
 
+/// The --config file `path`: as given when it is a file, else (a relative
+/// path starting with configs/) the same file in the source tree's configs/
+/// folder, as data/ paths fall back (issue 47).
+/// @throws ConfigError listing the places looked in.
+std::string resolve_config_path(const std::string& path);
+
 /// What `run_training` produced.
 struct TrainResult {
   std::string run_dir;                  ///< directory written.

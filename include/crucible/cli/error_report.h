@@ -6,6 +6,8 @@
 
 #include "crucible/training/metrics.h"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -27,5 +29,10 @@ std::string format_metric(double value, int64_t count, const char* unit, int pre
 ///   and F! for a type at or above its own baselines) when there are several.
 /// Units: meV/atom, meV/Å, meV/Å³ (ErrorMetrics). Never throws beyond the stream's.
 void write_error_report(std::ostream& out, const ValidationSummary& v, const std::string& indent);
+
+/// The ValidationSummary a summary.json "validation" object holds (the
+/// metrics, counts, baselines and per_config_type written by train; null
+/// values read as NaN). Never throws for missing keys (they read as NaN / 0).
+ValidationSummary validation_from_json(const nlohmann::json& j);
 
 }  // namespace crucible

@@ -3,6 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <optional>
 
 namespace crucible {
 
@@ -71,9 +73,19 @@ const char* active_malloc();
 /// @throws std::bad_alloc from allocations when memory is exhausted.
 void install_large_block_cache();
 
-/// Bytes of memory available now (/proc/meminfo MemAvailable; physical
-/// memory when that is unreadable). Never throws.
+/// Bytes of memory available now: the smaller of /proc/meminfo
+/// MemAvailable (physical memory when that is unreadable) and what the
+/// process's memory cgroup still allows (cgroup_available_bytes). Never throws.
 int64_t available_memory_bytes();
+
+/// What the memory cgroups of this process still allow, in bytes: the
+/// smallest limit - (usage - inactive file pages) over the process's cgroup
+/// and its parents, cgroup v2 (memory.max, memory.current, memory.stat
+/// inactive_file) or v1 (memory.limit_in_bytes, memory.usage_in_bytes,
+/// total_inactive_file); nullopt when no cgroup sets a limit. The paths are
+/// parameters for tests. Never throws.
+std::optional<int64_t> cgroup_available_bytes(const std::string& proc_self_cgroup = "/proc/self/cgroup",
+                                              const std::string& root = "/sys/fs/cgroup");
 
 /// What the large block cache holds and has done, in bytes (all multiples
 /// of 2 MiB) since it was installed.
