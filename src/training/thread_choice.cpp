@@ -111,9 +111,15 @@ ThreadChoice choose_thread_count(const std::function<void()>& pass, const Thread
     double spent = 0;
     for (int n = 0; n < (options.max_reps + 1) / 2; ++n) {
       if (n >= (options.reps + 1) / 2 && spent >= 0.5 * options.target_ms) break;
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto now = [&] {
+        return options.clock_ms ? options.clock_ms()
+                                : std::chrono::duration<double, std::milli>(
+                                      std::chrono::steady_clock::now().time_since_epoch())
+                                      .count();
+      };
+      const double t0 = now();
       pass();
-      const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const double t = now() - t0;
       ms[k].push_back(t);
       spent += t;
     }

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -468,6 +469,53 @@ TEST_F(CliTest, OneWriterPerRunDirectory) {
   const int ra = wait_exit_code(a), rb = wait_exit_code(b);
   EXPECT_EQ((ra == 0) + (rb == 0), 1) << ra << " " << rb;
   EXPECT_EQ((ra == 1) + (rb == 1), 1) << ra << " " << rb;
+}
+
+// Issue 47: inside a 3 GiB memory cgroup the memory check said "21.5 GiB
+// available" (the host's). Where this machine lets a test make a cgroup
+// (root, cgroup v1 memory controller or v2), a model whose training state
+// needs ~5.4 GB is refused naming under 3 GiB, before anything is allocated.
+TEST_F(CliTest, TheMemoryCheckReadsTheCgroupLimitWhereOneCanBeSet) {
+  const std::string name = "crucible_test_" + std::to_string(::getpid());
+  fs::path cgroup = fs::path("/sys/fs/cgroup/memory") / name;
+  std::string limit_file = "memory.limit_in_bytes";
+  std::error_code ec;
+  if (!fs::create_directory(cgroup, ec)) {
+    cgroup = fs::path("/sys/fs/cgroup") / name;  // cgroup v2
+    limit_file = "memory.max";
+    if (!fs::exists("/sys/fs/cgroup/cgroup.controllers") || !fs::create_directory(cgroup, ec)) {
+      GTEST_SKIP() << "no memory cgroup can be made here";
+    }
+  }
+  {
+    std::ofstream limit(cgroup / limit_file);
+    limit << (int64_t{3} << 30) << "\n";
+  }
+  const std::string readback = read_text(cgroup / limit_file);
+  if (readback.rfind(std::to_string(int64_t{3} << 30), 0) != 0) {  // the limit must bind, or the model is built
+    ::rmdir(cgroup.c_str());
+    GTEST_SKIP() << "the cgroup takes no memory limit here";
+  }
+  const fs::path wrapper = dir_ / "in_cgroup.sh";
+  write_text(wrapper, "#!/bin/sh\necho $$ > " + shell_quote((cgroup / "cgroup.procs").string()) + " || exit 99\nexec " +
+                          shell_quote(CRUCIBLE_BINARY) + " \"$@\"\n");
+  fs::permissions(wrapper, fs::perms::owner_all);
+  const fs::path err_file = dir_ / "cgroup_err.txt";
+  std::string cmd = "cd " + shell_quote(dir_.string()) + " && " + shell_quote(wrapper.string());
+  auto args = tiny_args((dir_ / "run_cgroup").string());
+  args.insert(args.end(), {"model.schnet.hidden_channels=9000", "model.schnet.num_filters=9000"});  // ~5.4 GB of state
+  for (const auto& a : args) cmd += " " + shell_quote(a);
+  cmd += " >/dev/null 2>" + shell_quote(err_file.string());
+  const int status = std::system(cmd.c_str());
+  const std::string err = read_text(err_file);
+  ::rmdir(cgroup.c_str());
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 99) GTEST_SKIP() << "cannot join the cgroup";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << err;
+  const std::regex available("exceeds the ([0-9.]+) GiB of memory available");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(err, m, available)) << err;
+  EXPECT_LE(std::stod(m[1]), 3.0) << err;
+  EXPECT_FALSE(fs::exists(dir_ / "run_cgroup"));
 }
 
 // Issue 47: --config configs/NAME.yaml is found from any folder, as data/

@@ -80,8 +80,19 @@ std::function<void()> sleeping(int one_ms, int many_ms) {
   };
 }
 
+/// A pass that takes `one_ms` with 1 thread and `many_ms` otherwise on a
+/// simulated clock (`now`), so ties are exact whatever the machine's load.
+std::function<void()> simulated(double* now, double one_ms, double many_ms) {
+  return [=] { *now += at::get_num_threads() == 1 ? one_ms : many_ms; };
+}
+
 TEST(ThreadChoice, TheFasterSettingWinsAndTiesKeepOneThread) {
   ThreadEnvGuard guard;
+  double now = 0;
+  auto on_clock = [&](ThreadChoiceOptions o) {
+    o.clock_ms = [&] { return now; };
+    return o;
+  };
   // Sleeps of 24 ms against 3 ms: the rule, not the machine, is tested.
   ThreadChoice c = choose_thread_count(sleeping(24, 3), quick(2));
   EXPECT_EQ(c.threads, 2);
@@ -91,16 +102,18 @@ TEST(ThreadChoice, TheFasterSettingWinsAndTiesKeepOneThread) {
   c = choose_thread_count(sleeping(3, 24), quick(2));
   EXPECT_EQ(c.threads, 1);
   EXPECT_EQ(at::get_num_threads(), 1);
+  // Close calls on a simulated clock (sleeps under load drift by 10%):
   // 1.075x faster with 2 threads: above the default min_speedup (1.05), so 2.
-  c = choose_thread_count(sleeping(43, 40), quick(2));
+  c = choose_thread_count(simulated(&now, 43, 40), on_clock(quick(2)));
   EXPECT_EQ(c.threads, 2);
+  EXPECT_DOUBLE_EQ(c.timings[0].ms_per_pass, 43.0);
   // The same passes against min_speedup 1.1: 1.
   ThreadChoiceOptions strict = quick(2);
   strict.min_speedup = 1.1;
-  c = choose_thread_count(sleeping(43, 40), strict);
+  c = choose_thread_count(simulated(&now, 43, 40), on_clock(strict));
   EXPECT_EQ(c.threads, 1);
   // Equal passes: ties keep one thread.
-  c = choose_thread_count(sleeping(20, 20), quick(2));
+  c = choose_thread_count(simulated(&now, 20, 20), on_clock(quick(2)));
   EXPECT_EQ(c.threads, 1);
   EXPECT_NE(c.describe().find("1 (auto, the faster on the first batch: 1 thread "), std::string::npos)
       << c.describe();

@@ -64,6 +64,9 @@ struct ThreadChoiceOptions {
   /// with 1.1, MACE kept 1 thread on a VM where its first batch ran 1.07×
   /// faster on 2 and the whole run 1.09× (docs/thread_choice.md).
   double min_speedup = 1.05;
+  /// Milliseconds now; empty = std::chrono::steady_clock. Tests give a clock
+  /// the pass advances, so the rule is tested without timing noise.
+  std::function<double()> clock_ms;
 };
 
 /// Times `pass` with 1 thread and with max_threads, in blocks 1, N, 1, N:
