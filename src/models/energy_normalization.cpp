@@ -77,8 +77,10 @@ std::vector<int64_t> inseparable_elements(const std::vector<Structure>& structur
       if (it != counts[static_cast<size_t>(i)].end()) a[i][k] = it->second;
     }
   // Null space of A: the rows of Vh beyond the numerical rank (as
-  // numpy.linalg.matrix_rank's tolerance).
-  const auto svd = at::linalg_svd(A, /*full_matrices=*/true);
+  // numpy.linalg.matrix_rank's tolerance). The thin SVD when S >= P: its Vh
+  // is already P x P, and the full one would allocate an S x S U (12.8 GB
+  // for 40000 structures; issue 47).
+  const auto svd = at::linalg_svd(A, /*full_matrices=*/S < P);
   const at::Tensor sv = std::get<1>(svd), vh = std::get<2>(svd);
   const double tol = sv.numel() ? sv.max().item<double>() * static_cast<double>(std::max(S, P)) * 2.220446049250313e-16 : 0.0;
   const int64_t rank = sv.gt(tol).sum().item<int64_t>();
