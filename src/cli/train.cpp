@@ -542,6 +542,7 @@ TrainResult run_training(const Config& input_config, std::ostream& out_arg, std:
   out << fmt::format("  device     {}, {}, CPU threads: {}\n", device.str(),
                      tc.precision ? dtype_name + ", precision " + *tc.precision : tc.dtype,
                      setup.threads.describe());
+  out << fmt::format("  memory     {}\n", setup.memory.describe(setup.memory_available));
   out << fmt::format("  run_dir    {}\n", run_dir.string());
   out.flush();
 

@@ -15,9 +15,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "crucible/cli/commands.h"
 #include "crucible/cli/resource_limits.h"
+#include "crucible/training/memory_estimate.h"
 #include "crucible/common/error.h"
 #include "crucible/training/thread_choice.h"
 #include "crucible/data/extxyz.h"
@@ -74,6 +76,7 @@ ExtxyzOptions extxyz_options(const DataConfig& d) {
   o.energy_unit = d.energy_unit.factor;
   o.forces_unit = d.forces_unit.factor;
   o.stress_unit = d.stress_unit.factor;
+  o.memory_budget_bytes = static_cast<double>(available_memory_bytes());  // issue 47
   return o;
 }
 
@@ -145,6 +148,7 @@ TrainingSetup build_training(const Config& input_config,
   // Issue 15: bounds checked from the key values before anything is allocated.
   check_thread_count(tc.num_threads);
   const int64_t available = available_memory_bytes();
+  const int64_t process_bytes = resident_memory_bytes();  // before the data: the memory estimate's base
   check_model_size(config.model, available);
   if (tc.num_threads > 0) at::set_num_threads(static_cast<int>(tc.num_threads));
   // training.num_threads 0 (auto) is resolved below, once model and first batch exist.
@@ -476,6 +480,60 @@ TrainingSetup build_training(const Config& input_config,
     sopt.bucket_cap_mb = tc.distributed.bucket_cap_mb;
   }
 
+  // Issue 47: the peak, estimated before the training state and the
+  // activations are allocated, and refused when it does not fit.
+  MemoryEstimate memory;
+  {
+    memory.process = static_cast<double>(process_bytes);
+    int64_t frames = 0, atoms = 0;
+    for (const auto* set : {&train, &valid, &replay, &isolated}) {
+      frames += static_cast<int64_t>(set->size());
+      for (const auto& st : *set) atoms += st.num_atoms();
+    }
+    memory.structures = structures_bytes(frames, atoms);
+    auto extents = [](const AtomicDataset& ds, std::vector<int64_t>& edges, std::vector<int64_t>& natoms) {
+      for (int64_t k = 0; k < static_cast<int64_t>(ds.size()); ++k) {
+        edges.push_back(ds.neighbor_list(k).num_edges());
+        natoms.push_back(ds.structures()[static_cast<size_t>(k)].num_atoms());
+      }
+    };
+    std::vector<int64_t> train_edges, train_atoms, valid_edges, valid_atoms;
+    extents(*train_ds, train_edges, train_atoms);
+    extents(*valid_ds, valid_edges, valid_atoms);
+    const double pairs = std::accumulate(train_edges.begin(), train_edges.end(), 0.0) +
+                         std::accumulate(valid_edges.begin(), valid_edges.end(), 0.0);
+    memory.neighbor_lists = kNeighborPairBytes * pairs;
+    const double size = static_cast<double>(c10::elementSize(dtype));
+    memory.state_copies = training_state_copies(tc.optimizer.name, tc.optimizer.amsgrad, tc.optimizer.momentum,
+                                                tc.optimizer.centered, tc.ema.enabled);
+    const auto& estimate_activations = model_factory(config.model.type).activation_estimate;
+    if (!device.is_cpu()) {
+      memory.not_counted = "the weights, optimizer and activations on " + device.str();
+    } else {
+      memory.training_state = size * memory.state_copies * static_cast<double>(num_params);
+      if (imported_source || !estimate_activations) {
+        memory.not_counted = "the activations of an imported model";
+      } else {
+        const ActivationEstimate a = estimate_activations(mctx);
+        DataLoader shuffled(train_ds, lo);
+        std::vector<std::vector<int64_t>> train_batches, valid_batches;
+        for (int64_t epoch = 0; epoch < 3; ++epoch) {
+          shuffled.set_epoch(epoch);
+          for (int64_t k = 0; k < shuffled.size(); ++k) train_batches.push_back(shuffled.batch_indices(k));
+        }
+        for (int64_t i = 0; i < static_cast<int64_t>(valid_edges.size()); i += tc.valid_batch_size) {
+          valid_batches.emplace_back();
+          for (int64_t j = i; j < std::min<int64_t>(i + tc.valid_batch_size, valid_edges.size()); ++j)
+            valid_batches.back().push_back(j);
+        }
+        memory.activations =
+            std::max(largest_batch_activations(a, 1.0, size, train_edges, train_atoms, train_batches),
+                     largest_batch_activations(a, a.eval_fraction, size, valid_edges, valid_atoms, valid_batches));
+      }
+    }
+    check_training_memory(memory, available, config.model.type);
+  }
+
   auto strategy = std::make_unique<TrainingStrategy>(model, sopt, std::move(loss));
   const ThreadChoice threads = resolve_thread_count(tc.num_threads, device, *model, *train_ds, tc.batch_size,
                                                     strategy->batch_dtype());
@@ -543,6 +601,8 @@ TrainingSetup build_training(const Config& input_config,
   s.shift = shift;
   s.model = model;
   s.num_parameters = num_params;
+  s.memory = memory;
+  s.memory_available = available;
   s.threads = threads;
   s.loss_terms = std::move(terms);
   s.loss_text = std::move(loss_text);

@@ -114,11 +114,15 @@ void read_system(const fs::path& dir, const ExtxyzOptions& o, std::vector<Struct
                       ": a virial needs a periodic cell (stress = -virial / volume), and this system is non-periodic "
                       "(nopbc); remove virial.npy or set data.virial_key=none");
     }
-    const std::string rel = (dir.filename() / set.filename()).string();
+    // Issue 47: the frames' memory, bounded before they are made.
+    int64_t atoms_read = 0;
+    for (const auto& f : out) atoms_read += f.num_atoms();
+    check_structures_memory(static_cast<int64_t>(out.size()) + nframes, atoms_read + nframes * natoms,
+                            o.memory_budget_bytes, coord_file.string());
     for (int64_t k = 0; k < nframes; ++k) {
       Structure s;
       s.positions = coord[k].view({natoms, 3}).clone();
-      s.atomic_numbers = atomic_numbers.clone();
+      s.atomic_numbers = atomic_numbers;  // one tensor for the system's frames (nothing writes to it)
       s.cell = box ? (*box)[k].view({3, 3}).clone() : at::zeros({3, 3}, at::kDouble);
       s.pbc = {periodic, periodic, periodic};
       if (energy) s.energy = (*energy)[k][0].item<double>() * o.energy_unit;

@@ -10,6 +10,8 @@
 
 #include "crucible/common/error.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -632,6 +634,7 @@ namespace {
 
 std::vector<Structure> read_frames(LineReader& reader, const std::string& path, const ExtxyzOptions& options) {
   std::vector<Structure> frames;
+  int64_t atoms_read = 0;
   std::string_view line;
   Layout layout;
   std::vector<std::string_view> fields;
@@ -857,7 +860,13 @@ std::vector<Structure> read_frames(LineReader& reader, const std::string& path, 
       s.forces = forces;
     }
     frames.push_back(std::move(s));
+    atoms_read += natoms;
+    if ((frames.size() & 1023) == 0) {  // issue 47: bounded before the data outgrows the memory
+      check_structures_memory(static_cast<int64_t>(frames.size()), atoms_read, options.memory_budget_bytes,
+                              frames.back().source);
+    }
   }
+  check_structures_memory(static_cast<int64_t>(frames.size()), atoms_read, options.memory_budget_bytes, path);
   return frames;
 }
 
@@ -1025,6 +1034,15 @@ void write_extxyz(const std::string& path, const std::vector<Structure>& structu
   if (std::fclose(file) != 0) {
     throw DataError(path + ": file must be writable, got an error on close");
   }
+}
+
+void check_structures_memory(int64_t frames, int64_t atoms, double budget_bytes, const std::string& where) {
+  const double bytes = structures_bytes(frames, atoms);
+  if (budget_bytes <= 0 || bytes <= budget_bytes) return;
+  throw DataError(fmt::format("{}: the {} structures read so far ({} atoms) would hold about {:.2f} GB in memory "
+                              "(4 KiB a structure + 56 B an atom), more than the {:.2f} GB available; train on a "
+                              "part of the file or on a machine with more memory",
+                              where, frames, atoms, bytes / 1e9, budget_bytes / 1e9));
 }
 
 }  // namespace crucible

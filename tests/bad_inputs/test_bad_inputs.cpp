@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <iostream>
 #include <set>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -112,14 +113,19 @@ TEST_F(BadInputs, EveryCatalogFileGivesItsExactErrorANonZeroExitAndStaysBelowOne
     ASSERT_TRUE(fs::exists(file));
     fs::path run_dir, cwd;
     const Outcome o = run_case(c.at("kind"), file, &run_dir, &cwd);
-    std::string expected = c.at("error");
-    expected = substitute(expected, "{cwd}", cwd.string());
-    expected = substitute(expected, "{file}", file.string());
-    expected = substitute(expected, "{run}", run_dir.string());
-    expected = substitute(expected, "{source}", std::string(CRUCIBLE_SOURCE_DIR));
     EXPECT_EQ(o.rc, c.at("exit").get<int>()) << o.err;
     EXPECT_NE(o.rc, 0);
-    EXPECT_EQ(last_line(o.err), expected);
+    if (c.contains("error_regex")) {  // figures that depend on the machine (free memory)
+      EXPECT_TRUE(std::regex_match(last_line(o.err), std::regex(c.at("error_regex").get<std::string>())))
+          << last_line(o.err);
+    } else {
+      std::string expected = c.at("error");
+      expected = substitute(expected, "{cwd}", cwd.string());
+      expected = substitute(expected, "{file}", file.string());
+      expected = substitute(expected, "{run}", run_dir.string());
+      expected = substitute(expected, "{source}", std::string(CRUCIBLE_SOURCE_DIR));
+      EXPECT_EQ(last_line(o.err), expected);
+    }
     EXPECT_LT(o.max_rss_kib, kMaxRssKib) << "peak RSS " << o.max_rss_kib << " KiB";
     if (c.at("kind") != "manifest") {
       EXPECT_FALSE(fs::exists(run_dir)) << "a run directory was written for bad input";

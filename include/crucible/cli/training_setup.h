@@ -14,6 +14,7 @@
 #include "crucible/training/spike_skipping.h"
 #include "crucible/training/strategy.h"
 #include "crucible/training/thread_choice.h"
+#include "crucible/training/memory_estimate.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -68,6 +69,10 @@ struct TrainingSetup {
   /// normalization set, seeded by training.seed.
   std::shared_ptr<EnergyModel> model;
   int64_t num_parameters = 0;
+  /// The estimated peak memory (checked against memory_available, the
+  /// bytes free besides the process when the data was read; issue 47).
+  MemoryEstimate memory;
+  int64_t memory_available = 0;
   /// The CPU threads the run uses and why (training.num_threads; 0 = auto).
   ThreadChoice threads;
   std::vector<std::string> loss_terms;  ///< "energy", "forces", "stress" (those used).

@@ -7,6 +7,7 @@
 
 #include "crucible/models/energy_model.h"
 #include "crucible/models/model_params.h"
+#include "crucible/training/memory_estimate.h"
 
 #include <nlohmann/json.hpp>
 
@@ -61,6 +62,10 @@ struct ModelFactory {
   std::function<std::shared_ptr<EnergyModel>(const nlohmann::json&)> from_json;
   /// Parameter count before building (issue 15's memory limit).
   std::function<double(const ModelBuildContext&)> parameter_estimate;
+  /// Numbers a training batch holds per edge and per atom at its peak
+  /// (issue 47; crucible/training/memory_estimate.h), calibrated against
+  /// measured peaks; unset = not estimated.
+  std::function<ActivationEstimate(const ModelBuildContext&)> activation_estimate;
 };
 
 /// Every registered model, in registration order. Never throws.
