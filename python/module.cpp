@@ -116,7 +116,7 @@ class Model {
       const Batch batch = collate({&s}, {&nl}).to(at::kCPU, dtype_);
       ComputeOptions co;
       co.forces = true;
-      co.stress = stress && s.periodic() && s.volume() > 0;  // defined only with a volume (issue 47)
+      co.stress = stress && s.has_volume();  // defined only with a volume (issue 47)
       co.energies = true;  // per-atom energies from the same evaluation
       out = compute_outputs(*loaded_.model, batch, co);
       node = out.energies;

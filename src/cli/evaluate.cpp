@@ -58,7 +58,7 @@ void write_predictions(EnergyModel& model, const AtomicDataset& dataset, at::Dev
       const int64_t lo = ptr[static_cast<int64_t>(b)].item<int64_t>(), hi = ptr[static_cast<int64_t>(b) + 1].item<int64_t>();
       s.info["crucible_energy"] = fmt::format("{:.17g}", out.energy[static_cast<int64_t>(b)].item<double>());
       const int group = parity.group_of(s.config_type);
-      if (s.periodic() && s.volume() > 0) {  // issue 47: no stress without a volume (a slab with c = 0)
+      if (s.has_volume()) {  // issue 47: no stress without a volume (a slab with c = 0)
         const at::Tensor st = out.stress[static_cast<int64_t>(b)].to(at::kCPU, at::kDouble).contiguous();
         std::string text;
         for (int64_t k = 0; k < 9; ++k) text += fmt::format("{}{:.17g}", k ? " " : "", st.data_ptr<double>()[k]);

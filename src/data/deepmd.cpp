@@ -178,7 +178,7 @@ void write_deepmd(const std::string& dir, const std::vector<Structure>& structur
       throw DataError(s.source + ": DeePMD systems are periodic in all directions or none, got pbc " +
                       fmt::format("{} {} {}", s.pbc[0], s.pbc[1], s.pbc[2]));
     }
-    if (s.stress && !(all && s.volume() > 0)) {  // convert never writes fewer labels than it read
+    if (s.stress && !(all && s.has_volume())) {  // convert never writes fewer labels than it read
       throw DataError(s.source + ": DeePMD keeps stress as virial.npy, which needs a periodic box of non-zero volume, "
                       "and this frame has none; write extxyz or an ASE database instead");
     }

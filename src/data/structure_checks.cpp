@@ -69,7 +69,7 @@ void check_structures(const std::vector<Structure>& structures, const std::strin
         }
       }
     }
-    if (s.stress && !(s.periodic() && s.volume() > 0)) {  // issue 47: stress only where it is defined
+    if (s.stress && !s.has_volume()) {  // issue 47: stress only where it is defined
       fail(s, k, key,
            fmt::format("a stress label needs a periodic cell of non-zero volume (stress = -virial / volume), got "
                        "pbc {} {} {} and volume {:g} Å³ (remove the stress or set data.stress_key=none)",

@@ -12,6 +12,9 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <fmt/format.h>
+
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -20,18 +23,32 @@ namespace crucible {
 namespace {
 
 /// The closest pair among the edges (edge vectors `vec` [E,3]), refused if
-/// closer than `min_distance`.
-void check_min_distance(const at::Tensor& vec, const NeighborList& nl, double min_distance) {
+/// closer than `min_distance`, naming both atoms by their positions (the
+/// caller's coordinates: what a LAMMPS dump shows) and whether each is a
+/// ghost (a periodic or processor image, `contributing` false). Pairs with
+/// a contributing atom are named first: a ghost pair is an image of one.
+void check_min_distance(const at::Tensor& vec, const NeighborList& nl, double min_distance, const at::Tensor& positions,
+                        const at::Tensor& contributing) {
   if (nl.num_edges() == 0) return;
   const at::Tensor i = nl.edge_index[0], j = nl.edge_index[1];
   const at::Tensor d = vec.norm(2, 1);
-  const int64_t e = d.argmin().item<int64_t>();
+  const at::Tensor owned = contributing.index_select(0, i).logical_or(contributing.index_select(0, j));
+  const at::Tensor named = at::where(owned, d, at::full_like(d, std::numeric_limits<double>::infinity()));
+  int64_t e = named.argmin().item<int64_t>();
+  if (!(named[e].item<double>() < min_distance)) e = d.argmin().item<int64_t>();
   const double dmin = d[e].item<double>();
   if (dmin < min_distance) {
-    throw std::invalid_argument("atoms " + std::to_string(i[e].item<int64_t>()) + " and " +
-                                std::to_string(j[e].item<int64_t>()) + " are " + std::to_string(dmin) +
-                                " Å apart, closer than the model's minimum distance " + std::to_string(min_distance) +
-                                " Å (model.json min_distance_angstrom)");
+    auto atom = [&](int64_t k) {
+      const at::Tensor r = positions[k];
+      return fmt::format("({:.4f}, {:.4f}, {:.4f}){}", r[0].item<double>(), r[1].item<double>(), r[2].item<double>(),
+                         contributing[k].item<bool>() ? "" : " (a ghost: periodic or processor image)");
+    };
+    const int64_t a = std::min(i[e].item<int64_t>(), j[e].item<int64_t>());
+    const int64_t b = std::max(i[e].item<int64_t>(), j[e].item<int64_t>());
+    throw std::invalid_argument(fmt::format(
+        "atoms at {} and {} Å (particles {} and {}) are {:.6f} Å apart, closer than the model's minimum distance {:.6f} "
+        "Å (model.json min_distance_angstrom)",
+        atom(a), atom(b), a, b, dmin, min_distance));
   }
 }
 
@@ -216,11 +233,11 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
   s.cell = at::zeros({3, 3}, at::kDouble);
   s.pbc = {false, false, false};
   NeighborList nl = build_neighbor_list(s.positions, s.cell, s.pbc, model.cutoff());
+  const at::Tensor contributing_cpu = contributing.to(at::kCPU);
   if (options.min_distance) {  // on every pair, in the caller's indices
     check_min_distance(pos_cpu.index_select(0, nl.edge_index[1]) - pos_cpu.index_select(0, nl.edge_index[0]), nl,
-                       *options.min_distance);
+                       *options.min_distance, pos_cpu, contributing_cpu);
   }
-  const at::Tensor contributing_cpu = contributing.to(at::kCPU);
   at::Tensor kept;  // [n'] old indices of the atoms evaluated, in evaluation order; undefined = all
   std::vector<int64_t> layer_nodes;
   const int64_t num_contributing = contributing_cpu.sum().item<int64_t>();

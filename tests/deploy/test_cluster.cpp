@@ -231,7 +231,20 @@ TEST(Cluster, RefusesUnknownElementsAndCloseAtoms) {
     evaluate_cluster(*model, pos, at::tensor(std::vector<int64_t>{13, 13, 22}, at::kLong), all, o);
     FAIL() << "no error for close atoms";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("atoms 0 and 1 are 2.000000 Å apart, closer than the model's minimum distance"),
+    EXPECT_NE(std::string(e.what()).find("atoms at (0.0000, 0.0000, 0.0000) and (2.0000, 0.0000, 0.0000) Å (particles 0 "
+                                         "and 1) are 2.000000 Å apart, closer than the model's minimum distance 2.050000"),
+              std::string::npos)
+        << e.what();
+  }
+  // Issue 48: a ghost is named as one, by its position (LAMMPS hands the model its images).
+  try {
+    const at::Tensor ghost_pos = at::tensor(std::vector<double>{0, 0, 0, 5.0, 0, 0, 5.0, 2.0, 0}, at::kDouble).view({3, 3});
+    evaluate_cluster(*model, ghost_pos, at::tensor(std::vector<int64_t>{13, 13, 22}, at::kLong),
+                     at::tensor(std::vector<int64_t>{1, 1, 0}, at::kLong).to(at::kBool), o);
+    FAIL() << "no error for an atom close to a ghost";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("atoms at (5.0000, 0.0000, 0.0000) and (5.0000, 2.0000, 0.0000) (a ghost: "
+                                         "periodic or processor image) Å (particles 1 and 2)"),
               std::string::npos)
         << e.what();
   }

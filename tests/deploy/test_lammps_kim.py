@@ -22,6 +22,7 @@ install user` (into a private HOME) and runs Debian's `lmp`:
 Usage: test_lammps_kim.py CRUCIBLE_BINARY BUILD_PYTHON_DIR WORK_DIR
 """
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -281,6 +282,10 @@ class Refusals(unittest.TestCase):
         p = run(["lmp", "-in", "close.in"], check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("closer than the model's minimum distance", p.stdout + p.stderr)
+        # Issue 48: named by positions a dump shows (not KIM's internal particle numbers alone).
+        named = [np.array([float(v) for v in m]) for m in
+                 re.findall(r"\((-?[0-9.]+), (-?[0-9.]+), (-?[0-9.]+)\)", p.stdout + p.stderr)]
+        self.assertTrue(any(np.abs(r - atoms.positions[k]).max() < 1e-3 for r in named for k in (0, 1)), p.stdout + p.stderr)
 
     def test_export_refuses_bad_name_existing_directory_and_unknown_format(self):
         p = run([BINARY, "export", "kim", SCHNET, "--name", "9lives", "--out", os.path.join(WORK, "x")], check=False)

@@ -50,6 +50,9 @@ struct Structure {
   bool periodic() const { return pbc[0] || pbc[1] || pbc[2]; }
   /// |det(cell)| in Å³; 0 when there is no cell.
   double volume() const;
+  /// True when stress is defined (issue 47): a periodic direction and a
+  /// cell of non-zero volume (a slab with c = 0 has none).
+  bool has_volume() const { return periodic() && volume() > 0; }
 };
 
 }  // namespace crucible
