@@ -515,11 +515,16 @@ TrainingSetup build_training(const Config& input_config,
         memory.not_counted = "the activations of an imported model";
       } else {
         const ActivationEstimate a = estimate_activations(mctx);
+        // The batches the run draws (their seeded shuffles), up to three epochs of them.
         DataLoader shuffled(train_ds, lo);
+        const int64_t run_batches =
+            tc.num_steps ? *tc.num_steps * tc.gradient_accumulation_steps
+                         : shuffled.size() * std::min<int64_t>(3, tc.num_epochs.value_or(3));
         std::vector<std::vector<int64_t>> train_batches, valid_batches;
-        for (int64_t epoch = 0; epoch < 3; ++epoch) {
+        for (int64_t epoch = 0; epoch < 3 && static_cast<int64_t>(train_batches.size()) < run_batches; ++epoch) {
           shuffled.set_epoch(epoch);
-          for (int64_t k = 0; k < shuffled.size(); ++k) train_batches.push_back(shuffled.batch_indices(k));
+          for (int64_t k = 0; k < shuffled.size() && static_cast<int64_t>(train_batches.size()) < run_batches; ++k)
+            train_batches.push_back(shuffled.batch_indices(k));
         }
         for (int64_t i = 0; i < static_cast<int64_t>(valid_edges.size()); i += tc.valid_batch_size) {
           valid_batches.emplace_back();

@@ -57,8 +57,8 @@ struct MemoryEstimate {
   double neighbor_lists = 0;  ///< kNeighborPairBytes × pairs (training and validation).
   double training_state = 0;  ///< parameters × dtype size × state_copies.
   double state_copies = 0;    ///< training_state_copies.
-  /// The largest batch's: training batches of the loader's first three
-  /// epochs (their shuffles), validation batches in order.
+  /// The largest batch's: the training batches the run draws, up to three
+  /// epochs of them (the loader's seeded shuffles), validation batches in order.
   double activations = 0;
   /// What this host memory estimate leaves out, "" = nothing: the state and
   /// activations of a run on a GPU, the activations of a model whose
