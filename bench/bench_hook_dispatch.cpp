@@ -9,6 +9,7 @@
 #include "crucible/data/dataset.h"
 #include "crucible/losses/loss.h"
 #include "crucible/training/allocator.h"
+#include "crucible/training/memory_estimate.h"
 #include "crucible/training/strategy.h"
 #include "crucible/training/update_hook.h"
 
@@ -75,15 +76,7 @@ double seconds_per_dispatch(int hooks, int64_t n) {
 
 }  // namespace
 
-long current_rss_kib() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  long pages = 0, resident = 0;
-  if (f) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return resident * 4;
-}
+long current_rss_kib() { return static_cast<long>(crucible::resident_memory_bytes() / 1024); }
 
 /// Resident KiB after 1000 and after 10000 steps.
 std::pair<long, long> rss_over_steps() {

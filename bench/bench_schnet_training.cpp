@@ -12,6 +12,7 @@
 #include "crucible/losses/loss.h"
 #include "crucible/models/schnet.h"
 #include "crucible/training/allocator.h"
+#include "crucible/training/memory_estimate.h"
 #include "crucible/training/blas_kernels.h"
 #include "crucible/training/metrics.h"
 #include "crucible/training/strategy.h"
@@ -33,13 +34,8 @@ namespace {
 
 using namespace crucible;
 
-/// Resident set size now, KiB (/proc/self/statm).
-long current_rss_kib() {
-  std::ifstream in("/proc/self/statm");
-  long pages = 0, resident = 0;
-  in >> pages >> resident;
-  return resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
+/// Resident set size now, KiB.
+long current_rss_kib() { return static_cast<long>(resident_memory_bytes() / 1024); }
 
 }  // namespace
 
