@@ -13,7 +13,7 @@
 // Run: ./build/bench/bench_inference [--model schnet|mace|gemm] [--threads N]
 //      [--reps 4,8,16,32] [--path inference|training] [--ops K]
 //      [--order lattice|shuffled|morton] [--flops 0|1] [--op-shapes 0|1]
-//      [--thread-rounds K]
+//      [--thread-rounds K] [--engine-rounds K] [--mace-size small|medium]
 // --order permutes the atoms before the neighbor list: same structure, same
 // edges, other indices. shuffled: at random (seed 0), so a receiver's
 // neighbors no longer have nearby indices; morton: along a Z-order curve of
@@ -33,6 +33,11 @@
 // faults_per_call and kernel_share: minor page faults and the kernel's share
 // of a timed call; fresh_mb_per_call and moved_mb_per_call: the large block
 // cache's newly mapped MiB and idle MiB moved into new blocks per timed call.
+// --engine-rounds K (MACE): K more rounds of one call through the inference
+// engine (radial splines) and one through the exact path, alternating, as an
+// "engine_side_by_side" line (median speedup and range; issue 48).
+// --mace-size medium: 128x0e+128x1o, max_ell 3, correlation 3, 2 interactions,
+// 89 elements (MACE-MP-0 medium's size), random weights; small: the default.
 // --ops K profiles one more (untimed) call and prints its K operators of the
 // largest self time (time inside the op minus its child ops; summed over all
 // threads' records, so wall time only where one thread runs), one
@@ -173,7 +178,8 @@ int main(int argc, char** argv) {
   tune_allocator_for_training();
   std::string model_name = "schnet", path = "inference";
   std::string atom_order = "lattice";
-  int threads = 1, top_ops = 0, count_flops = 1, op_shapes = 0, thread_rounds = 0;
+  int threads = 1, top_ops = 0, count_flops = 1, op_shapes = 0, thread_rounds = 0, engine_rounds = 0;
+  std::string mace_size = "small";
   std::vector<int> reps = {4, 8, 16, 32};
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string key = argv[k], value = argv[k + 1];
@@ -185,6 +191,14 @@ int main(int argc, char** argv) {
     else if (key == "--flops") count_flops = std::atoi(value.c_str());
     else if (key == "--op-shapes") op_shapes = std::atoi(value.c_str());
     else if (key == "--thread-rounds") thread_rounds = std::atoi(value.c_str());
+    else if (key == "--engine-rounds") engine_rounds = std::atoi(value.c_str());
+    else if (key == "--mace-size") {
+      if (value != "small" && value != "medium") {
+        std::fprintf(stderr, "--mace-size: expected small or medium, got '%s'\n", value.c_str());
+        return 1;
+      }
+      mace_size = value;
+    }
     else if (key == "--order") {
       if (value != "lattice" && value != "shuffled" && value != "morton") {
         std::fprintf(stderr, "--order: expected lattice, shuffled or morton, got '%s'\n", value.c_str());
@@ -222,6 +236,14 @@ int main(int argc, char** argv) {
     MaceOptions mo;
     mo.atomic_numbers = {29};
     mo.avg_num_neighbors = 42.0;
+    if (mace_size == "medium") {  // MACE-MP-0 "medium"'s size: 128 channels, l <= 3, ν = 3, 89 elements
+      mo.hidden_irreps = "128x0e+128x1o";
+      mo.max_ell = 3;
+      mo.correlation = 3;
+      mo.num_interactions = 2;
+      mo.atomic_numbers.clear();
+      for (int64_t z = 1; z <= 89; ++z) mo.atomic_numbers.push_back(z);
+    }
     model = std::make_shared<MaceImpl>(mo);
   } else {
     std::fprintf(stderr, "--model schnet|mace\n");
@@ -321,6 +343,41 @@ int main(int argc, char** argv) {
                   "us_per_atom_n=%.2f speedup_median=%.3f speedup_min=%.3f speedup_max=%.3f\n",
                   model_name.c_str(), path.c_str(), static_cast<long long>(n), thread_rounds, threads,
                   1e6 * median(one) / n, 1e6 * median(many) / n, median(ratio),
+                  *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
+      std::fflush(stdout);
+    }
+    if (engine_rounds > 0 && model_name == "mace") {
+      // Issue 48: the inference engine (radial splines, ...) against the
+      // exact path of the same model, alternating call by call.
+      auto& mace = dynamic_cast<MaceImpl&>(*model);
+      auto timed = [&](bool engine) {
+        mace.set_radial_spline(engine);
+        const auto t0 = std::chrono::steady_clock::now();
+        evaluate();
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      };
+      timed(true);  // the tables are built on the first engine call
+      std::vector<double> eng, ref, ratio;
+      for (int r = 0; r < engine_rounds; ++r) {
+        if (r % 2 == 0) {
+          eng.push_back(timed(true));
+          ref.push_back(timed(false));
+        } else {
+          ref.push_back(timed(false));
+          eng.push_back(timed(true));
+        }
+        ratio.push_back(ref.back() / eng.back());
+      }
+      mace.set_radial_spline(true);
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        const size_t h = v.size() / 2;
+        return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+      };
+      std::printf("engine_side_by_side model=mace_%s path=%s atoms=%lld rounds=%d threads=%d us_per_atom_engine=%.2f "
+                  "us_per_atom_exact=%.2f speedup_median=%.3f speedup_min=%.3f speedup_max=%.3f\n",
+                  mace_size.c_str(), path.c_str(), static_cast<long long>(n), engine_rounds, threads,
+                  1e6 * median(eng) / n, 1e6 * median(ref) / n, median(ratio),
                   *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
       std::fflush(stdout);
     }

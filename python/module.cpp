@@ -14,6 +14,7 @@
 #include "crucible/data/extxyz.h"
 #include "crucible/data/structure_checks.h"
 #include "crucible/models/energy_model.h"
+#include "crucible/models/mace/mace.h"
 #include "crucible/neighbors/neighbor_list.h"
 #include "crucible/training/allocator.h"
 
@@ -52,7 +53,7 @@ py::array_t<double> to_numpy(const at::Tensor& t) {
 /// A loaded model and its metadata.
 class Model {
  public:
-  Model(const std::string& path, const std::string& dtype) {
+  Model(const std::string& path, const std::string& dtype, bool exact) {
     // Freed blocks of 16 MiB or more are kept for the next call, as the
     // crucible executables do: under python3's glibc malloc each MD-sized
     // temporary was mmap'd and page-faulted again on every call (issue 19).
@@ -66,6 +67,8 @@ class Model {
     dtype_ = *t;
     loaded_.model->module().to(dtype_);
     loaded_.model->module().eval();
+    // exact: MACE's radial MLP per pair instead of its splines (issue 48).
+    if (auto* mace = dynamic_cast<MaceImpl*>(loaded_.model.get()); mace && exact) mace->set_radial_spline(false);
   }
 
   py::dict metadata() const {
@@ -140,7 +143,8 @@ class Model {
 PYBIND11_MODULE(_crucible, m) {
   m.doc() = "Crucible: machine-learned interatomic potentials (C++ / LibTorch)";
   py::class_<crucible::Model>(m, "Model")
-      .def(py::init<const std::string&, const std::string&>(), py::arg("path"), py::arg("dtype") = "")
+      .def(py::init<const std::string&, const std::string&, bool>(), py::arg("path"), py::arg("dtype") = "",
+           py::arg("exact") = false)
       .def("metadata", &crucible::Model::metadata)
       .def("compute", &crucible::Model::compute, py::arg("positions"), py::arg("numbers"), py::arg("cell"),
            py::arg("pbc"), py::arg("stress") = true);

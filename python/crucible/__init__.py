@@ -18,16 +18,18 @@ from ._crucible import import_mace
 from .calculator import Calculator
 
 
-def load_model(path, dtype=None):
+def load_model(path, dtype=None, exact=False):
     """A trained model from a run directory or a model.pt (or model_last.pt)
     with model.json beside it, computing in `dtype` ("float32", "float64";
     None = the dtype the model was trained in, model.json's "dtype").
+    exact=True: a MACE model evaluates its radial MLP per pair instead of
+    its splines (the reference path; see Calculator).
 
     Returns an object with .metadata() (type, cutoff, elements, E0s, units, ...)
     and .compute(positions, numbers, cell, pbc, stress=True).
     Raises ValueError / RuntimeError naming the file for a bad model.
     """
-    return _Model(str(path), "" if dtype is None else dtype)
+    return _Model(str(path), "" if dtype is None else dtype, bool(exact))
 
 
 __all__ = ["Calculator", "empty_cache", "import_mace", "load_model"]

@@ -14,6 +14,7 @@
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/data/structure_checks.h"
+#include "crucible/models/mace/mace.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -144,6 +145,18 @@ void run_info(const std::string& path, std::ostream& out) {
   out << fmt::format("interaction range {:.4g} Å (message-passing layers x cutoff: an atom's energy depends on "
                      "atoms this far away; the KIM model's influence distance, the reach of LAMMPS's ghost atoms)\n",
                      loaded.model->interaction_range());
+  if (auto* mace = dynamic_cast<MaceImpl*>(loaded.model.get()); mace && mace->radial_spline_enabled()) {
+    // Issue 48: the inference path's radial weights are splines of r.
+    for (int64_t t = 0; t < mace->options().num_interactions; ++t) {
+      const auto s = mace->radial_spline(t);
+      out << fmt::format("{}layer {}: {} intervals of {:.4g} Å on [0, {:.4g}] Å, {} outputs, {:.1f} MB {}; "
+                         "error {:.1e} (values), {:.1e} (derivatives), relative, measured at 3 points per interval\n",
+                         t == 0 ? "radial splines  " : "                ", t, s->num_intervals(), s->spacing(),
+                         s->r_max(), s->num_outputs(), static_cast<double>(s->bytes()) / 1e6,
+                         s->dtype() == at::kFloat ? "float32" : "float64", s->value_error(), s->derivative_error());
+    }
+    out << "                (the inference path; CRUCIBLE_RADIAL_SPLINE=0 evaluates the radial MLP exactly)\n";
+  }
   const std::filesystem::path summary_path = std::filesystem::path(dir) / "summary.json";
   if (std::filesystem::exists(summary_path)) {  // issue 47: how good the model is
     try {
@@ -264,6 +277,7 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
   eo.stress = true;
   eo.dtype = dtype_from_name(loaded.meta.dtype).value_or(at::kFloat);  // load_model checked it
   loaded.model->module().to(device);
+  if (auto* mace = dynamic_cast<MaceImpl*>(loaded.model.get()); mace && req.exact) mace->set_radial_spline(false);
   const ValidationSummary v = evaluate_model(*loaded.model, dataset, device, eo);
 
   out << fmt::format("model      {} ({}, {}, cutoff {} Å, elements{})\n", req.model_dir,

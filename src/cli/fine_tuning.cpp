@@ -168,7 +168,8 @@ std::shared_ptr<EnergyModel> copy_of_imported_model(const LoadedModel& source, c
       {"mace.num_polynomial_cutoff", o.num_polynomial_cutoff},
       {"mace.radial_mlp", o.radial_mlp},
       {"mace.mlp_irreps", std::to_string(o.readout_mlp) + "x0e"},
-      {"mace.avg_num_neighbors", o.avg_num_neighbors}};
+      {"mace.avg_num_neighbors", o.avg_num_neighbors},
+      {"mace.pair_repulsion", o.pair_repulsion}};
   for (const auto& [key, value] : source_values) {
     auto set = config.params.find(key);
     auto dflt = defaults.params.find(key);

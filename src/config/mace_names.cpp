@@ -75,6 +75,7 @@ const std::map<std::string, std::string>& hints() {
         {"num_cutoff_basis", "set model.mace.num_polynomial_cutoff"},
         {"radial_MLP", "set model.mace.radial_mlp (a list, e.g. [64, 64, 64])"},
         {"MLP_irreps", "set model.mace.mlp_irreps"},
+        {"pair_repulsion", "set model.mace.pair_repulsion: true"},
         {"avg_num_neighbors", "set model.mace.avg_num_neighbors"},
         {"E0s", "set data.e0s (MACE's average is least_squares; isolated, foundation, estimated "
                 "and a map {H: -13.6} work as in MACE)"},

@@ -25,7 +25,9 @@ Batch Batch::to(at::Device device, at::ScalarType dtype) const {
   out.shifts = maybe_to(shifts, device, dtype);
   out.cell = maybe_to(cell, device, dtype);
   out.pbc = maybe_to(pbc, device, dtype);
-  out.energy = maybe_to(energy, device, dtype);
+  // Energy labels stay float64 whatever `dtype` (issue 48): the energy loss
+  // takes its difference in float64.
+  out.energy = maybe_to(energy, device, at::kDouble);
   out.forces = maybe_to(forces, device, dtype);
   out.stress = maybe_to(stress, device, dtype);
   out.has_energy = maybe_to(has_energy, device, dtype);

@@ -175,15 +175,15 @@ ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const Neigh
   }
 
   at::AutoGradMode grad_mode(true);
-  const at::Tensor mask = contributing.to(device, dtype);
-  at::Tensor node;  // [n]
+  const at::Tensor mask = contributing.to(device, at::kDouble);
+  at::Tensor node;  // [n] float64
   {
     InferencePathGuard inference;  // chunked kernels, first derivatives only (issue 19)
-    node = model.node_energies(batch).to(dtype) * mask;
+    node = model.node_energies(batch).to(at::kDouble) * mask;
   }
-  // The total in float64 whatever the model's dtype: a float32 sum over
-  // 10^5 atoms would lose ~1e-2 eV.
-  const at::Tensor e = node.to(at::kDouble).sum();
+  // Per-atom energies and the total in float64 whatever the model's dtype
+  // (EnergyModel::energy): a float32 sum over 10^5 atoms would lose ~1e-2 eV.
+  const at::Tensor e = node.sum();
   std::vector<at::Tensor> inputs{r};
   if (want_virial) inputs.push_back(edge_grad_leaf);
   const auto grads = torch::autograd::grad({e}, inputs, /*grad_outputs=*/{}, /*retain_graph=*/false,

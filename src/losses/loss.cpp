@@ -158,10 +158,12 @@ at::Tensor EnergyLoss::evaluate(const ModelOutputs& pred, const Batch& batch,
   require(pred.energy, "EnergyLoss", "predicted energy");
   require(batch.energy, "EnergyLoss", "batch.energy");
   require_same_shape(pred.energy, batch.energy, "EnergyLoss", "predicted energy");
-  const auto dtype = pred.energy.scalar_type();
+  // The difference in float64 in every precision mode (issue 48): a float32
+  // label of a 10^4-atom cell is quantized to ~1 eV.
+  const auto dtype = at::kDouble;
   const auto device = pred.energy.device();
-  const at::Tensor mask = batch.has_energy.to(device);                  // [B] bool
-  at::Tensor diff = pred.energy - batch.energy.to(device, dtype);       // [B]
+  const at::Tensor mask = batch.has_energy.to(device);                        // [B] bool
+  at::Tensor diff = pred.energy.to(dtype) - batch.energy.to(device, dtype);  // [B]
   if (per_atom_) diff = diff / batch.num_atoms.to(device, dtype).clamp_min(1);
   diff = keep(diff, mask);
   const at::Tensor w =

@@ -34,6 +34,26 @@ at::Tensor EnergyModel::node_energies(const Batch&) {
   throw std::logic_error(name() + ": the model has no per-atom energies");
 }
 
+void module_to_keeping_float64(torch::nn::Module& module, const std::vector<at::Tensor>& float64_buffers,
+                               std::optional<at::Device> device, std::optional<at::ScalarType> dtype,
+                               bool non_blocking) {
+  std::vector<at::Tensor> values;
+  values.reserve(float64_buffers.size());
+  for (const at::Tensor& b : float64_buffers) values.push_back(b.detach().to(at::kDouble, /*non_blocking=*/false, /*copy=*/true));
+  if (device && dtype) {
+    module.torch::nn::Module::to(*device, *dtype, non_blocking);
+  } else if (dtype) {
+    module.torch::nn::Module::to(*dtype, non_blocking);
+  } else if (device) {
+    module.torch::nn::Module::to(*device, non_blocking);
+  }
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < values.size(); ++k) {
+    at::Tensor b = float64_buffers[k];  // shares the registered buffer's TensorImpl
+    b.set_data(values[k].to(b.device()));
+  }
+}
+
 namespace {
 thread_local bool t_inference_path = false;
 std::atomic<int64_t> g_edge_chunk_override{0};
@@ -132,10 +152,11 @@ at::Tensor rows_times_graph_matrix(const at::Tensor& rows, const at::Tensor& mat
   return at::bmm(rows.unsqueeze(1), mats.index_select(0, graph)).squeeze(1);
 }
 
-/// energy [B] = Σ per structure of `energies` [N], with autocast off.
+/// energy [B] float64 = Σ per structure of `energies` [N], with autocast off.
 at::Tensor structure_sums(const Batch& batch, const at::Tensor& energies) {
-  AutocastDisabledGuard sum_in_geometry_dtype;
-  return at::zeros({batch.num_atoms.size(0)}, energies.options()).index_add(0, batch.batch, energies);
+  AutocastDisabledGuard sum_in_float64;
+  const at::Tensor e = energies.to(at::kDouble);
+  return at::zeros({batch.num_atoms.size(0)}, e.options()).index_add(0, batch.batch, e);
 }
 }  // namespace
 
@@ -198,7 +219,7 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
       out.energies = model.node_energies(batch);
       out.energy = structure_sums(batch, out.energies);
     } else {
-      out.energy = model.energy(batch);
+      out.energy = model.energy(batch).to(at::kDouble);
     }
     return out;
   }
@@ -239,10 +260,8 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
     }
   }
   no_autocast.emplace();
-  if (energy.scalar_type() != positions.scalar_type() && at::isFloatingType(energy.scalar_type()) &&
-      c10::elementSize(energy.scalar_type()) < c10::elementSize(positions.scalar_type())) {
-    energy = energy.to(positions.scalar_type());
-  }
+  // float64 whatever the model returned (EnergyModel::energy's contract).
+  if (energy.scalar_type() != at::kDouble) energy = energy.to(at::kDouble);
 
   std::vector<at::Tensor> grads(inputs.size());
   if (energy.requires_grad()) {
@@ -271,10 +290,7 @@ ModelOutputs compute_outputs(EnergyModel& model, const Batch& batch, const Compu
     out.stress = at::where(periodic.view({-1, 1, 1}), stress, at::zeros_like(stress));
   }
 
-  if (out.energies.defined()) {
-    if (out.energies.scalar_type() != positions.scalar_type()) out.energies = out.energies.to(positions.scalar_type());
-    if (!options.training) out.energies = out.energies.detach();
-  }
+  if (out.energies.defined() && !options.training) out.energies = out.energies.detach();
   if (!options.training) {
     out.energy = out.energy.detach();
     if (out.forces.defined()) out.forces = out.forces.detach();

@@ -129,7 +129,10 @@ ModelOutputs PrecisionPlugin::convert_output(const ModelOutputs& outputs) const 
     if (!t.defined() || t.scalar_type() == at::kDouble || t.scalar_type() == at::kFloat) return t;
     return t.to(at::kFloat);
   };
-  return ModelOutputs{up(outputs.energy), up(outputs.forces), up(outputs.stress)};
+  auto float64 = [](const at::Tensor& t) { return t.defined() ? t.to(at::kDouble) : t; };
+  ModelOutputs out{float64(outputs.energy), up(outputs.forces), up(outputs.stress)};
+  out.energies = float64(outputs.energies);
+  return out;
 }
 
 std::unique_ptr<AutocastGuard> PrecisionPlugin::forward_context(at::Device device) const {

@@ -339,7 +339,7 @@ TEST(ForcesStress, Float32MatchesFloat64) {
   Batch b32 = b64;
   for (at::Tensor* t : {&b32.positions, &b32.shifts, &b32.cell}) *t = t->to(at::kFloat);
   ModelOutputs out = compute_outputs(*model, b32, opt);
-  EXPECT_EQ(out.energy.scalar_type(), at::kFloat);
+  EXPECT_EQ(out.energy.scalar_type(), at::kDouble);  // energies are summed in float64 (issue 48)
   EXPECT_EQ(out.forces.scalar_type(), at::kFloat);
   EXPECT_EQ(out.stress.scalar_type(), at::kFloat);
   EXPECT_LT(rel_err(out.energy.to(at::kDouble), ref.energy), 1e-5);

@@ -238,7 +238,8 @@ TEST(SchNet, Float32Model) {
   ComputeOptions opt;
   opt.stress = true;
   ModelOutputs out = compute_outputs(*model, b32, opt);
-  EXPECT_EQ(out.energy.scalar_type(), at::kFloat);
+  EXPECT_EQ(out.energy.scalar_type(), at::kDouble);  // energies are summed in float64 (issue 48)
+  EXPECT_EQ(out.forces.scalar_type(), at::kFloat);
   EXPECT_TRUE(out.forces.isfinite().all().item<bool>());
   EXPECT_TRUE(out.stress.isfinite().all().item<bool>());
 }

@@ -61,11 +61,13 @@ TEST(PrecisionPlugin, ModuleAndInputDtypesPerMode) {
   }
 }
 
-TEST(PrecisionPlugin, ConvertOutputIsAtLeastFloat32) {
+TEST(PrecisionPlugin, ConvertOutputIsAtLeastFloat32AndEnergiesFloat64) {
   auto plugin = make_precision_plugin("bf16-true");
   ModelOutputs out{at::ones({2}, at::kBFloat16), at::ones({3, 3}, at::kHalf), at::Tensor()};
+  out.energies = at::ones({3}, at::kBFloat16);
   auto converted = plugin->convert_output(out);
-  EXPECT_EQ(converted.energy.scalar_type(), at::kFloat);
+  EXPECT_EQ(converted.energy.scalar_type(), at::kDouble);  // issue 48: energies in float64 in every mode
+  EXPECT_EQ(converted.energies.scalar_type(), at::kDouble);
   EXPECT_EQ(converted.forces.scalar_type(), at::kFloat);
   EXPECT_FALSE(converted.stress.defined());
   ModelOutputs dbl{at::ones({2}, at::kDouble), at::Tensor(), at::Tensor()};

@@ -92,18 +92,24 @@ class ImportedMace(unittest.TestCase):
             else:
                 text = crucible.import_mace(unpacked(name + ".pt"), os.path.join(FIXTURES, name + ".json"), run)
             self.assertIn("imported", text)
-            calc = crucible.Calculator(run, dtype="float64")
-            for k, ref in enumerate(read(os.path.join(FIXTURES, name + "_reference.extxyz"), index=":")):
-                with self.subTest(model=name, structure=k, kind=ref.info["fixture_kind"]):
-                    atoms = ref.copy()
-                    atoms.calc = calc
-                    e = atoms.get_potential_energy()
-                    self.assertLessEqual(abs(e - ref.info["mace_energy"]), 1e-10 * abs(ref.info["mace_energy"]))
-                    self.assertTrue(close(atoms.get_forces(), ref.arrays["mace_forces"], 1e-10, 1e-14))
-                    self.assertTrue(close(atoms.get_potential_energies(), ref.arrays["mace_node_energy"], 1e-10, 1e-14))
-                    if "mace_stress" in ref.info and "mace_stress_volume" not in ref.info:
-                        want = np.asarray(ref.info["mace_stress"], dtype=float).reshape(3, 3)
-                        self.assertTrue(close(atoms.get_stress(voigt=False), want, 1e-10, 1e-14))
+            # exact=True: the radial MLP itself, MACE's numbers to 1e-10; the
+            # default (radial splines, issue 48) to 1e-7 in energies, 1e-6 in
+            # forces, per-atom energies and stress.
+            # The splines' floor: forces of ~1e-7 eV/Å at 0.999 r_max get
+            # ~1e-11 eV/Å of spline error (test_mace_import.cpp).
+            for exact, tol_e, tol, floor in ((True, 1e-10, 1e-10, 1e-14), (False, 1e-7, 1e-6, 1e-9)):
+                calc = crucible.Calculator(run, dtype="float64", exact=exact)
+                for k, ref in enumerate(read(os.path.join(FIXTURES, name + "_reference.extxyz"), index=":")):
+                    with self.subTest(model=name, exact=exact, structure=k, kind=ref.info["fixture_kind"]):
+                        atoms = ref.copy()
+                        atoms.calc = calc
+                        e = atoms.get_potential_energy()
+                        self.assertLessEqual(abs(e - ref.info["mace_energy"]), tol_e * abs(ref.info["mace_energy"]))
+                        self.assertTrue(close(atoms.get_forces(), ref.arrays["mace_forces"], tol, floor))
+                        self.assertTrue(close(atoms.get_potential_energies(), ref.arrays["mace_node_energy"], tol, floor))
+                        if "mace_stress" in ref.info and "mace_stress_volume" not in ref.info:
+                            want = np.asarray(ref.info["mace_stress"], dtype=float).reshape(3, 3)
+                            self.assertTrue(close(atoms.get_stress(voigt=False), want, tol, floor))
 
     def test_mace_to_pt_without_mace_says_what_it_needs(self):
         try:

@@ -76,6 +76,9 @@ struct EvaluateRequest {
   std::optional<std::string> write_path;
   /// Also draw energy and force parity plots (SVG) to this file.
   std::optional<std::string> parity_path;
+  /// MACE: evaluate the radial MLP per pair (the reference path) instead of
+  /// its splines (issue 48; `--exact`).
+  bool exact = false;
 };
 
 /// `crucible info PATH`: a model's type, hyperparameters, parameter count,

@@ -28,7 +28,7 @@ struct Batch {
   at::Tensor cell;            ///< [B,3,3] float, Å, rows are lattice vectors.
   at::Tensor pbc;             ///< [B,3] bool.
 
-  at::Tensor energy;          ///< [B] float, eV (0 where !has_energy).
+  at::Tensor energy;          ///< [B] float64, eV (0 where !has_energy); Batch::to keeps it float64.
   at::Tensor forces;          ///< [N,3] float, eV/Å (0 where !has_forces).
   at::Tensor stress;          ///< [B,3,3] float, eV/Å³ (0 where !has_stress).
   at::Tensor has_energy;      ///< [B] bool.
@@ -54,7 +54,8 @@ struct Batch {
   int64_t num_nodes() const { return positions.size(0); }
   /// Total number of edges E.
   int64_t num_edges() const { return edge_index.size(1); }
-  /// Copy on `device` with floating tensors cast to `dtype` (kFloat/kDouble/...).
+  /// Copy on `device` with floating tensors cast to `dtype` (kFloat/kDouble/...),
+  /// except the energy labels, which stay float64.
   Batch to(at::Device device, at::ScalarType dtype) const;
 };
 

@@ -8,6 +8,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,11 @@ namespace crucible {
 class EnergyModel {
  public:
   virtual ~EnergyModel() = default;
-  /// Per-structure total energy [B] (eV), dtype of batch.positions.
+  /// Per-structure total energy [B] (eV), float64 in every precision mode
+  /// (issue 48): E0s, per-atom energies and their sums are float64 while the
+  /// layers run in the model's dtype, so a float32 model's 10^4-atom total
+  /// is not quantized by float32's spacing (1 eV at 10^7 eV). Forces and
+  /// stress keep the positions' dtype.
   virtual at::Tensor energy(const Batch& batch) = 0;
   /// The torch module holding parameters and buffers.
   virtual torch::nn::Module& module() = 0;
@@ -50,12 +55,22 @@ class EnergyModel {
   /// on a wrong shape or non-finite values, std::logic_error if the model
   /// has no such normalization (the default).
   virtual void set_energy_normalization(const at::Tensor& e0, double scale, double shift);
-  /// Per-atom energies [N] (eV, the positions' dtype) whose sum over each
+  /// Per-atom energies [N] (eV, float64 as energy()) whose sum over each
   /// structure is energy(batch): E0[Z_i] + the learned contribution of atom
   /// i (ASE's "energies"). @throws std::logic_error if the model has none
   /// (the default).
   virtual at::Tensor node_energies(const Batch& batch);
 };
+
+/// Module::to(device, dtype) for a model whose energy normalization (E0,
+/// scale, shift) stays float64 whatever the layers' dtype (issue 48):
+/// converts everything as torch::nn::Module::to does, then puts the
+/// float64 values of `float64_buffers` (taken before the conversion, so
+/// nothing is rounded through float32) back on the new device. `dtype`
+/// nullopt: the device alone changes. Never throws for a floating dtype.
+void module_to_keeping_float64(torch::nn::Module& module, const std::vector<at::Tensor>& float64_buffers,
+                               std::optional<at::Device> device, std::optional<at::ScalarType> dtype,
+                               bool non_blocking);
 
 /// RAII scope in which autocast is off on every device (CPU, CUDA, XPU),
 /// whatever region encloses it; the previous state returns on exit. Used for
@@ -142,10 +157,10 @@ struct ComputeOptions {
 
 /// Model outputs. Undefined tensors were not requested.
 struct ModelOutputs {
-  at::Tensor energy;  ///< [B] eV.
+  at::Tensor energy;  ///< [B] eV, float64 (EnergyModel::energy).
   at::Tensor forces;  ///< [N,3] eV/Å.
   at::Tensor stress;  ///< [B,3,3] eV/Å³, ASE sign; zero for non-periodic structures.
-  at::Tensor energies;  ///< [N] eV, per-atom energies (ComputeOptions::energies).
+  at::Tensor energies;  ///< [N] eV float64, per-atom energies (ComputeOptions::energies).
 };
 
 /// Energy, forces and stress of `batch` through autograd.
@@ -159,8 +174,8 @@ struct ModelOutputs {
 /// enclosing autocast region; the strain, the derivatives (backward) and the
 /// stress run with autocast off, so positions, strain, forces and stress have
 /// the positions' dtype (float32 or float64) in every precision mode. The
-/// energy is returned in the positions' dtype too (cast up if the model
-/// returned a lower one). Denormals flush to zero during the call and the
+/// energy and the per-atom energies are float64 in every mode (issue 48; cast
+/// up if the model returned a lower dtype). Denormals flush to zero during the call and the
 /// caller's setting is restored after it (common/denormals.h).
 /// @throws std::invalid_argument if stress is requested for a batch without
 ///         a cell tensor.

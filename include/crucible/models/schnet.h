@@ -25,6 +25,11 @@ struct SchNetOptions {
   int64_t num_gaussians = 20;     ///< Gaussian radial basis size. Default 20.
   double cutoff = 5.0;            ///< cosine cutoff radius, Å. Default 5.
   int64_t max_atomic_number = 118;///< embedding table covers Z = 0..max. Default 118.
+  /// Adds the ZBL screened nuclear repulsion (models/zbl.h, MACE's form and
+  /// constants, envelope order SchNetImpl::kZblEnvelopeP) to every atom's
+  /// energy after scale and shift: V_i = ½ Σ_j V_ZBL(r_ij) f(r_ij / (R_i + R_j)).
+  /// Config model.schnet.pair_repulsion. Default false.
+  bool pair_repulsion = false;
   /// Differentiate everything with autograd's generic derivatives (the
   /// reference path the hand-written derivatives are tested against,
   /// issue 7). Not a config key. Default false.
@@ -56,10 +61,23 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
   ///         num_interactions < 0, num_gaussians < 2, cutoff <= 0 or not
   ///         finite, or max_atomic_number < 1.
   explicit SchNetImpl(SchNetOptions options = {});
+  /// Order p of the ZBL term's polynomial envelope (MACE's default
+  /// num_polynomial_cutoff).
+  static constexpr int64_t kZblEnvelopeP = 5;
   void reset() override;
 
   at::Tensor energy(const Batch& batch) override;
   torch::nn::Module& module() override { return *this; }
+  /// torch::nn::Module::to, except that E0, scale, shift and the ZBL
+  /// constants stay float64 (module_to_keeping_float64): the layers take
+  /// `dtype`, the energy sums not.
+  using torch::nn::Module::to;
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override {
+    module_to_keeping_float64(*this, float64_buffers(), device, dtype, non_blocking);
+  }
+  void to(torch::Dtype dtype, bool non_blocking = false) override {
+    module_to_keeping_float64(*this, float64_buffers(), std::nullopt, dtype, non_blocking);
+  }
   double cutoff() const override { return options_.cutoff; }
   /// max(1, num_interactions) × cutoff, Å.
   double interaction_range() const override { return static_cast<double>(std::max<int64_t>(1, options_.num_interactions)) * options_.cutoff; }
@@ -70,22 +88,31 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
   /// set_energy_normalization; all E0 zero = empty = any element).
   std::vector<int64_t> elements() const override;
 
-  /// Per-atom learned contribution scale · y_i + shift, [N] (no E0).
+  /// Per-atom learned contribution scale · y_i + shift, [N] eV float64 (no
+  /// E0; y_i in the layers' dtype, scaled and shifted in float64).
   at::Tensor atomic_energies(const Batch& batch);
-  /// Sets E0 ([max_atomic_number+1] eV, index = Z; copied into the buffer's
-  /// dtype/device), scale (eV) and shift (eV/atom).
+  /// Sets E0 ([max_atomic_number+1] eV, index = Z; kept in float64 on the
+  /// model's device), scale (eV) and shift (eV/atom).
   /// @throws std::invalid_argument on a wrong e0 shape or non-finite scale/shift.
   void set_energy_normalization(const at::Tensor& e0, double scale, double shift) override;
-  /// atomic_energies + E0[Z], [N] eV.
+  /// atomic_energies + E0[Z], [N] eV float64.
   at::Tensor node_energies(const Batch& batch) override;
   const SchNetOptions& options() const { return options_; }
 
  private:
+  /// e0_, scale_, shift_ and the defined zbl_* buffers: kept float64 by to().
+  std::vector<at::Tensor> float64_buffers() const {
+    std::vector<at::Tensor> out{e0_, scale_, shift_};
+    for (const at::Tensor* t : {&zbl_c_, &zbl_a_exp_, &zbl_a_prefactor_, &zbl_covalent_radii_})
+      if (t->defined()) out.push_back(*t);
+    return out;
+  }
   SchNetOptions options_;
   torch::nn::Embedding embedding_{nullptr};
   torch::nn::ModuleList filter1_, filter2_, in2f_, f2out_, dense_;
   torch::nn::Linear out1_{nullptr}, out2_{nullptr};
   at::Tensor offsets_, e0_, scale_, shift_;
+  at::Tensor zbl_c_, zbl_a_exp_, zbl_a_prefactor_, zbl_covalent_radii_;  // pair_repulsion: ZblParameters
 };
 TORCH_MODULE(SchNet);
 

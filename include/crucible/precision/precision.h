@@ -91,8 +91,9 @@ class PrecisionPlugin {
   std::string name() const { return precision_name(mode_); }
   /// Float dtype of the parameters (convert_module, module_init_context).
   virtual at::ScalarType param_dtype() const;
-  /// Float dtype of batches (positions, cell, shifts, labels): never below
-  /// float32 (the loop casts a lower one back up, see convert_input).
+  /// Float dtype of batches (positions, cell, shifts, force and stress
+  /// labels): never below float32 (the loop casts a lower one back up, see
+  /// convert_input). Energy labels stay float64 in every mode (issue 48).
   virtual at::ScalarType input_dtype() const;
   /// Autocast dtype of the forward, or nullopt when there is no autocast.
   /// A plugin with one gets a MixedPrecisionHook driving it.
@@ -106,7 +107,11 @@ class PrecisionPlugin {
   /// float32 (forces and stress are derivatives w.r.t. them; one widely used
   /// framework casts every float input and loses them).
   virtual Batch convert_input(const Batch& batch, at::Device device) const;
-  /// Casts outputs to at least float32 (float64 stays float64).
+  /// Casts forces and stress to at least float32 (float64 stays float64)
+  /// and the energy and per-atom energies to float64: in every precision
+  /// mode energies are summed, compared with their labels and differenced
+  /// in the energy loss in float64; only the forces path follows the mode
+  /// (issue 48).
   virtual ModelOutputs convert_output(const ModelOutputs& outputs) const;
   /// The autocast region of the forward (and loss), or an inactive guard.
   /// Warns once when 16-mixed cannot autocast on this device.

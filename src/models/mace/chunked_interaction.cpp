@@ -52,16 +52,17 @@ struct Chunk {
 };
 
 Chunk make_chunk(int64_t p0, int64_t p1, const at::Tensor& feats, const at::Tensor& Y,
-                 const std::vector<at::Tensor>& mlp, const Layout& L, const at::Tensor& edge_pair,
-                 const at::Tensor& order, const int64_t* off, const at::Tensor& receiver, const at::Tensor& sender,
-                 int64_t num_paths, int64_t C) {
+                 const std::vector<at::Tensor>& mlp, const RadialSpline* spline, const Layout& L,
+                 const at::Tensor& edge_pair, const at::Tensor& order, const int64_t* off, const at::Tensor& receiver,
+                 const at::Tensor& sender, int64_t num_paths, int64_t C) {
   Chunk k;
   k.edges = order.slice(0, off[p0], off[p1]);
   k.local = edge_pair.index_select(0, k.edges) - p0;
   k.recv = receiver.index_select(0, k.edges);
   k.send = sender.index_select(0, k.edges);
   at::Tensor h = feats.slice(0, p0, p1);
-  for (size_t m = 0; m < mlp.size(); ++m) {
+  if (spline) h = spline->values(h.select(1, 0));  // feats holds the distances [P,1]
+  for (size_t m = 0; m < (spline ? 0 : mlp.size()); ++m) {
     at::Tensor zm = at::mm(h, mlp[m]);
     if (m + 1 < mlp.size()) {
       k.z.push_back(zm);
@@ -83,18 +84,20 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& Y, const at::Tensor& feats,
                             at::TensorList mlp, const at::Tensor& edge_pair, const at::Tensor& order,
                             const at::Tensor& pair_offsets, const at::Tensor& receiver, const at::Tensor& sender,
-                            const ConvTensorProduct* tp, int64_t chunk) {
+                            const ConvTensorProduct* tp, const RadialSpline* spline, int64_t chunk) {
     std::vector<at::Tensor> saved{x, Y, feats, edge_pair, order, pair_offsets, receiver, sender};
     saved.insert(saved.end(), mlp.begin(), mlp.end());
     ctx->save_for_backward(saved);
     ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
+    ctx->saved_data["spline"] = reinterpret_cast<int64_t>(spline);
     ctx->saved_data["chunk"] = chunk;
     const std::vector<at::Tensor> w(mlp.begin(), mlp.end());
-    return run_forward(x, Y, feats, w, edge_pair, order, pair_offsets, receiver, sender, *tp, chunk);
+    return run_forward(x, Y, feats, w, spline, edge_pair, order, pair_offsets, receiver, sender, *tp, chunk);
   }
 
   static at::Tensor run_forward(const at::Tensor& x, const at::Tensor& Y, const at::Tensor& feats,
-                                const std::vector<at::Tensor>& mlp, const at::Tensor& edge_pair,
+                                const std::vector<at::Tensor>& mlp, const RadialSpline* spline,
+                                const at::Tensor& edge_pair,
                                 const at::Tensor& order, const at::Tensor& pair_offsets, const at::Tensor& receiver,
                                 const at::Tensor& sender, const ConvTensorProduct& tp, int64_t chunk) {
     const Layout L = make_layout(tp, x);
@@ -109,7 +112,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
     std::vector<at::Tensor> agg = sum_over_chunks(num_chunks, like, [&](int64_t c, std::vector<at::Tensor>& acc) {
       const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
       if (off[p0] == off[p1]) return;  // pairs without edges (none after compact_pairs)
-      const Chunk k = make_chunk(p0, p1, feats, Y, mlp, L, edge_pair, order, off, receiver, sender, NP, C);
+      const Chunk k = make_chunk(p0, p1, feats, Y, mlp, spline, L, edge_pair, order, off, receiver, sender, NP, C);
       for (size_t t = 0; t < L.terms.size(); ++t) {
         edge_contraction_accumulate(EdgeSlot::kMessage, acc[t], at::Tensor(), k.w, k.T[t], xs[t], k.recv, k.send,
                                     L.row_path[t]);
@@ -135,6 +138,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
     const at::Tensor &receiver = s[6], &sender = s[7];
     const std::vector<at::Tensor> mlp(s.begin() + 8, s.end());
     const auto* tp = reinterpret_cast<const ConvTensorProduct*>(ctx->saved_data["tp"].toInt());
+    const auto* spline = reinterpret_cast<const RadialSpline*>(ctx->saved_data["spline"].toInt());
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const Layout L = make_layout(*tp, x);
     const int64_t C = x.size(2), P = feats.size(0), NP = tp->num_paths();
@@ -154,7 +158,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
     std::vector<at::Tensor> gx = sum_over_chunks(num_chunks, xs, [&](int64_t c, std::vector<at::Tensor>& acc) {
       const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
       if (off[p0] == off[p1]) return;  // pairs without edges: no gradient
-      const Chunk k = make_chunk(p0, p1, feats, Y, mlp, L, edge_pair, order, off, receiver, sender, NP, C);
+      const Chunk k = make_chunk(p0, p1, feats, Y, mlp, spline, L, edge_pair, order, off, receiver, sender, NP, C);
       const int64_t Ec = k.edges.size(0);
       at::Tensor gw = at::zeros_like(k.w);
       at::Tensor gYc = at::zeros_like(k.Y);
@@ -171,6 +175,10 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
       gY.index_copy_(0, k.edges, gYc);
       // Edges → pairs, then back through the MLP.
       at::Tensor g = at::zeros({p1 - p0, NP * C}, x.options()).index_add_(0, k.local, gw.view({Ec, NP * C}));
+      if (spline) {  // ∂/∂r of the spline: feats holds the distances
+        gfeats.slice(0, p0, p1).select(1, 0).copy_(spline->backward(feats.slice(0, p0, p1).select(1, 0), g));
+        return;
+      }
       for (size_t m = mlp.size(); m-- > 0;) {
         g = at::mm(g, mlp[m].t());  // ∂/∂ of layer m's input h[m]
         if (m > 0) {
@@ -190,7 +198,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
     variable_list out{gx_full, ctx->needs_input_grad(1) ? gY : at::Tensor(),
                       ctx->needs_input_grad(2) ? gfeats : at::Tensor()};
     for (size_t m = 0; m < num_mlp; ++m) out.emplace_back();
-    for (int k = 0; k < 7; ++k) out.emplace_back();  // edge_pair … chunk
+    for (int k = 0; k < 8; ++k) out.emplace_back();  // edge_pair … chunk
     return out;
   }
 };
@@ -199,18 +207,20 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
 
 at::Tensor chunked_aggregate(const at::Tensor& x, const at::Tensor& Y, const at::Tensor& feats,
                              const std::vector<at::Tensor>& mlp, const ConvTensorProduct& tp, const PairEdges& edges,
-                             int64_t chunk) {
+                             int64_t chunk, const RadialSpline* spline) {
   TORCH_CHECK(x.dim() == 3 && Y.dim() == 2 && feats.dim() == 2 && !mlp.empty(),
               "chunked_aggregate: x [N,D,C], Y [E,Dsh], feats [P,nb] and an MLP expected");
   TORCH_CHECK(Y.size(0) == edges.order.size(0) && feats.size(0) + 1 == edges.offsets.size(0),
               "chunked_aggregate: Y must have a row per edge and feats a row per pair");
-  TORCH_CHECK(mlp.back().size(1) == tp.num_paths() * x.size(2),
-              "chunked_aggregate: the MLP's last layer must have num_paths · C columns");
+  TORCH_CHECK((spline ? spline->num_outputs() : mlp.back().size(1)) == tp.num_paths() * x.size(2),
+              "chunked_aggregate: the radial weights must have num_paths · C columns");
+  TORCH_CHECK(!spline || (feats.size(1) == 1 && spline->dtype() == x.scalar_type() && x.device().is_cpu()),
+              "chunked_aggregate: with a spline, feats must be the distances [P,1] and the spline x's dtype, on CPU");
   TORCH_CHECK(x.scalar_type() == Y.scalar_type() && x.scalar_type() == feats.scalar_type(),
               "chunked_aggregate: x, Y and feats must share one dtype");
   TORCH_CHECK(chunk >= 1, "chunked_aggregate: chunk must be >= 1");
   return ChunkedAggregate::apply(x, Y, feats, at::TensorList(mlp), edges.edge_pair, edges.order, edges.offsets,
-                                 edges.receiver, edges.sender, &tp, chunk);
+                                 edges.receiver, edges.sender, &tp, spline, chunk);
 }
 
 }  // namespace crucible::mace

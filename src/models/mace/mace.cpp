@@ -10,6 +10,7 @@
 #include "crucible/models/mace/radial.h"
 #include "crucible/models/gemm_rows.h"
 #include "crucible/models/mace/spherical_harmonics.h"
+#include "crucible/models/zbl.h"
 
 #include <ATen/ATen.h>
 
@@ -110,7 +111,6 @@ MaceImpl::MaceImpl(MaceOptions options) : options_(std::move(options)) {
     if (k > 0 && z <= o.atomic_numbers[k - 1]) fail("atomic_numbers must be ascending without repeats");
   }
   if (o.basis != "crucible" && o.basis != "mace") fail("basis must be crucible or mace, got '" + o.basis + "'");
-  if (o.pair_repulsion && o.basis != "mace") fail("pair_repulsion is available for imported MACE models (basis mace) only");
   if (!(o.silu_normalization >= 0.0) || !std::isfinite(o.silu_normalization)) fail("silu_normalization must be a finite number >= 0");
   Irreps hidden;
   try {
@@ -153,6 +153,7 @@ MaceImpl::MaceImpl(MaceOptions options) : options_(std::move(options)) {
 }
 
 void MaceImpl::reset() {
+  spline_cache_ = std::make_shared<SplineCache>();  // a clone's weights are its own
   const auto& o = options_;
   const int64_t C = channels_;
   const int64_t nE = static_cast<int64_t>(o.atomic_numbers.size());
@@ -258,16 +259,18 @@ void MaceImpl::reset() {
     bessel_weights_ = register_buffer("bessel_weights", at::arange(1, o.num_bessel + 1, opts) * (3.14159265358979323846 / o.cutoff));
     bessel_prefactor_ = register_buffer("bessel_prefactor", at::full({}, std::sqrt(2.0 / o.cutoff), opts));
     cutoff_r_max_ = register_buffer("cutoff_r_max", at::full({}, o.cutoff, opts));
-    if (o.pair_repulsion) {  // MACE's defaults; the import copies the file's values
-      zbl_c_ = register_buffer("zbl_c", at::tensor(std::vector<float>{0.1818f, 0.5099f, 0.2802f, 0.02817f}, opts));
-      zbl_a_exp_ = register_buffer("zbl_a_exp", at::full({}, 0.300, opts));
-      zbl_a_prefactor_ = register_buffer("zbl_a_prefactor", at::full({}, 0.4543, opts));
-      zbl_covalent_radii_ = register_buffer("zbl_covalent_radii", at::zeros({119}, opts));
-    }
   }
-  e0_ = register_buffer("e0", at::zeros({119}, opts));
-  scale_ = register_buffer("scale", at::ones({}, opts));
-  shift_ = register_buffer("shift", at::zeros({}, opts));
+  if (o.pair_repulsion) {  // MACE's defaults; the import copies the file's values
+    const ZblParameters zbl = default_zbl_parameters(o.num_polynomial_cutoff);
+    zbl_c_ = register_buffer("zbl_c", zbl.c);  // float64, as the energy sums
+    zbl_a_exp_ = register_buffer("zbl_a_exp", zbl.a_exp);
+    zbl_a_prefactor_ = register_buffer("zbl_a_prefactor", zbl.a_prefactor);
+    zbl_covalent_radii_ = register_buffer("zbl_covalent_radii", zbl.covalent_radii);
+  }
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);  // energy sums in float64 (issue 48)
+  e0_ = register_buffer("e0", at::zeros({119}, f64));
+  scale_ = register_buffer("scale", at::ones({}, f64));
+  shift_ = register_buffer("shift", at::zeros({}, f64));
 }
 
 std::shared_ptr<EnergyModel> MaceImpl::clone_model() const {
@@ -437,7 +440,13 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
   if (chunked) {
     // Inference path: `radial` holds the pair features; weights, tables and
     // messages are made chunk by chunk (issue 19).
-    agg = mace::chunked_aggregate(hu, Y, radial, radial_mlp_weights(t), *L.tp, *chunked, inference_edge_chunk());
+    // With radial splines (issue 48), `radial` holds the pair distances.
+    const bool splined = embedding_.device().is_cpu() && radial_spline_enabled();  // as atomic_energies
+    const auto spline = splined ? radial_spline(t) : nullptr;
+    // The MLP's weights go in either way: the backward then refuses their
+    // gradients (the inference path has none) instead of leaving them zero.
+    agg = mace::chunked_aggregate(hu, Y, radial, radial_mlp_weights(t), *L.tp, *chunked, inference_edge_chunk(),
+                                  spline.get());
   } else if (fast) {
     std::vector<at::Tensor> w;
     for (const at::Tensor& wa : fast->weights) w.push_back(wa.defined() ? keep(wa).view({wa.size(0), -1, C}) : wa);
@@ -491,6 +500,10 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
   // Inference path (issue 19): radial MLP, tables and messages per edge chunk.
   const bool chunked = !ref && use_inference_kernels(geom, layer);
   at::Tensor Y, edge_feats, edge_pair, pair_rep, pair;  // pair: ZBL node energies [N] (pair_repulsion)
+  // Inference path with radial splines (issue 48): the pair distances stand
+  // in for the pair features, and the radial MLP is not evaluated per pair.
+  const bool splined = chunked && embedding_.device().is_cpu() && radial_spline_enabled();
+  at::Tensor pair_r;  // [P, 1] when splined
   std::vector<std::vector<at::Tensor>> tables(layers_.size());
   {
     // Force-safe geometry: autocast off, the positions' dtype.
@@ -507,13 +520,16 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
       const at::Tensor shifts = batch.shifts.defined() ? batch.shifts : at::zeros({batch.num_edges(), 3}, at::kLong);
       std::tie(edge_pair, pair_rep) = reverse_edge_pairs(batch.edge_index, shifts);
       r = r.index_select(0, pair_rep);
+      if (splined) pair_r = r.unsqueeze(1);
     }
-    edge_feats = mace_basis()
-                     ? mace::bessel_basis(r, bessel_weights_, bessel_prefactor_) *
-                           mace::polynomial_envelope(r / cutoff_r_max_.to(r.options()), options_.num_polynomial_cutoff)
-                               .unsqueeze(-1)
-                     : mace::bessel_basis(r, options_.cutoff, options_.num_bessel) *
-                           mace::polynomial_cutoff(r, options_.cutoff, options_.num_polynomial_cutoff).unsqueeze(-1);
+    if (!splined) {
+      edge_feats = mace_basis()
+                       ? mace::bessel_basis(r, bessel_weights_, bessel_prefactor_) *
+                             mace::polynomial_envelope(r / cutoff_r_max_.to(r.options()), options_.num_polynomial_cutoff)
+                                 .unsqueeze(-1)
+                       : mace::bessel_basis(r, options_.cutoff, options_.num_bessel) *
+                             mace::polynomial_cutoff(r, options_.cutoff, options_.num_polynomial_cutoff).unsqueeze(-1);
+    }
     if (!ref && !chunked) {
       // Parameter-free coupling tables, once per distinct layer input.
       for (size_t t = 0; t < layers_.size(); ++t) {
@@ -529,7 +545,7 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     for (auto& x : tt)
       if (x.defined()) x = x.to(layer);
   at::Tensor h = (embedding_ * (1.0 / std::sqrt(static_cast<double>(embedding_.size(0))))).index_select(0, elem).unsqueeze(1);
-  const at::Tensor feats = edge_feats.to(layer);
+  const at::Tensor feats = splined ? pair_r.to(layer) : edge_feats.to(layer);
   // Per-layer node sets (Batch::layer_nodes): layer t's receivers are the
   // first extents[t].nodes nodes, its edges the first extents[t].edges.
   const std::vector<LayerExtent> extents = layer_extents(batch, options_.num_interactions);
@@ -580,36 +596,30 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     energy = energy.defined() ? leading_rows(energy, n_out) + e : e;
   }
   AutocastDisabledGuard no_autocast;
-  // MACE adds the pair term to the readouts before scale and shift; it
-  // counts for the nodes whose readouts do (Batch::layer_nodes).
-  if (pair.defined()) energy = energy + leading_rows(pair, energy.size(0)).to(energy.scalar_type());
-  return scale_.to(geom) * pad_nodes(energy, N) + shift_.to(geom);
+  // MACE adds the pair term to the readouts before scale and shift (an
+  // imported model keeps that); a model trained here adds the ZBL energy
+  // itself after them, as NequIP does. It counts for the nodes whose
+  // readouts do (Batch::layer_nodes).
+  if (pair.defined()) pair = leading_rows(pair, energy.size(0));
+  if (pair.defined() && mace_basis()) energy = energy + pair.to(energy.scalar_type());
+  // Scale and shift in float64, as the energy sums (issue 48; an older model
+  // file may hold them in float32).
+  at::Tensor out = scale_.to(at::kDouble) * pad_nodes(energy, N).to(at::kDouble) + shift_.to(at::kDouble);
+  if (pair.defined() && !mace_basis()) out = out + pad_nodes(pair.to(at::kDouble), N);
+  return out;
 }
 
 at::Tensor MaceImpl::pair_repulsion(const Batch& batch, const at::Tensor& r) const {
   // mace/modules/radial.py ZBLBasis.forward with Crucible's edges (row 0
   // receiver i, row 1 sender j; both directions listed): V_i = ½ Σ_j v(r_ij).
-  const at::Tensor receiver = batch.edge_index.select(0, 0), sender = batch.edge_index.select(0, 1);
-  const auto opt = r.options();
-  const at::Tensor z = batch.atomic_numbers.to(r.device(), at::kLong);
-  const at::Tensor zu = z.index_select(0, sender), zv = z.index_select(0, receiver);
-  const at::Tensor a_exp = zbl_a_exp_.to(opt), c = zbl_c_.to(opt);
-  const at::Tensor zu_f = zu.to(opt.dtype()), zv_f = zv.to(opt.dtype());
-  const at::Tensor a = zbl_a_prefactor_.to(opt) * 0.529 / (at::pow(zu_f, a_exp) + at::pow(zv_f, a_exp));
-  const at::Tensor x = r / a;
-  const at::Tensor phi = c[0] * at::exp(-3.2 * x) + c[1] * at::exp(-0.9423 * x) + c[2] * at::exp(-0.4028 * x) +
-                         c[3] * at::exp(-0.2016 * x);
-  at::Tensor v = (14.3996 * zu_f * zv_f) / r * phi;
-  const at::Tensor radii = zbl_covalent_radii_.to(opt);
-  const at::Tensor r_max = radii.index_select(0, zu) + radii.index_select(0, zv);
-  v = 0.5 * v * mace::polynomial_envelope(r / r_max, options_.num_polynomial_cutoff);
-  return at::zeros({batch.num_nodes()}, opt).index_add(0, receiver, v);
+  const ZblParameters zbl{zbl_c_, zbl_a_exp_, zbl_a_prefactor_, zbl_covalent_radii_, options_.num_polynomial_cutoff};
+  return zbl_node_energies(r, batch.atomic_numbers, batch.edge_index, batch.num_nodes(), zbl);
 }
 
 at::Tensor MaceImpl::node_energies(const Batch& batch) {
   const at::Tensor atomic = atomic_energies(batch);
   AutocastDisabledGuard no_autocast;
-  return atomic + e0_.to(atomic.scalar_type()).index_select(0, batch.atomic_numbers);
+  return atomic + e0_.to(at::kDouble).index_select(0, batch.atomic_numbers);
 }
 
 at::Tensor MaceImpl::energy(const Batch& batch) {

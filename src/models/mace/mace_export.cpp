@@ -37,7 +37,11 @@ std::map<std::string, at::Tensor> mace_state_dict(const MaceImpl& model, const s
   for (const auto& m : mace_layout::tensor_maps(o)) {
     std::vector<at::Tensor> parts;
     for (const auto& name : m.crucible) parts.push_back(tensor(name));
-    sd[m.mace] = m.to_mace(parts).reshape(m.mace_shape).contiguous();
+    at::Tensor t = m.to_mace(parts).reshape(m.mace_shape).contiguous();
+    // The ZBL constants are kept float64 (the energy sums' dtype); MACE's
+    // file holds every float tensor in the model's dtype.
+    if (at::isFloatingType(t.scalar_type()) && t.scalar_type() != ref.scalar_type()) t = t.to(ref.scalar_type());
+    sd[m.mace] = t;
   }
   const int64_t C = mace::Irreps::parse(o.hidden_irreps, 3).terms()[0].mul;
   const int64_t nE = static_cast<int64_t>(o.atomic_numbers.size());

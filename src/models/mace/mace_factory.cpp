@@ -47,6 +47,7 @@ MaceOptions options_from(const ModelBuildContext& ctx) {
   const double avg = ctx.get_float("avg_num_neighbors");
   o.avg_num_neighbors = avg > 0 ? avg : ctx.avg_num_neighbors;
   o.atomic_numbers = ctx.elements;
+  o.pair_repulsion = ctx.get_bool("pair_repulsion");
   return o;
 }
 
@@ -72,6 +73,10 @@ ModelFactory mace_factory() {
        "Messages are divided by it. 0 = the mean number of neighbors within model.cutoff in the training set "
        "(MACE's default).",
        "", 0.0},
+      {"pair_repulsion", false,
+       "Add the ZBL screened nuclear repulsion (MACE's pair_repulsion: Ziegler-Biersack-Littmark with MACE's "
+       "screening length, cut off at the sum of covalent radii) to the energy, trained and deployed with the "
+       "model: MD then survives close encounters. The ZBL energy is added after scale and shift."},
   };
   f.create = [](const ModelBuildContext& ctx) -> std::shared_ptr<EnergyModel> {
     try {
@@ -101,9 +106,9 @@ ModelFactory mace_factory() {
       h["basis"] = o.basis;
       h["u_columns"] = o.u_columns;
       h["silu_normalization"] = o.silu_normalization;
-      if (o.pair_repulsion) h["pair_repulsion"] = true;
       if (o.reduced_cg) h["reduced_cg"] = true;
     }
+    if (o.pair_repulsion) h["pair_repulsion"] = true;
     return h;
   };
   f.from_json = [](const nlohmann::json& h) -> std::shared_ptr<EnergyModel> {

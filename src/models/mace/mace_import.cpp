@@ -387,7 +387,7 @@ ImportedMace Importer::run() {
   };
   r.scale = scalar("scale_shift.scale", 1.0);
   r.shift = scalar("scale_shift.shift", 0.0);
-  r.model->set_energy_normalization(e0.to(r.dtype), r.scale, r.shift);
+  r.model->set_energy_normalization(e0, r.scale, r.shift);  // float64, as the model keeps them
   r.model->eval();
   r.origin = {{"format", "mace"}, {"reader", f_.format}, {"file", f_.path}, {"hyperparameters", hp_}};
   if (hp_.contains("versions") && hp_.at("versions").is_object() && hp_.at("versions").contains("mace")) {

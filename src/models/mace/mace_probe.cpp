@@ -42,6 +42,8 @@ ProbeResult probe_against_torchscript(const MaceFile& file, const MaceImpl& mode
   // Crucible, float64 copy.
   std::shared_ptr<EnergyModel> mine = model.clone_model();
   mine->module().to(at::kDouble);
+  // The import's exactness: the radial MLP itself, not its spline (issue 48).
+  std::dynamic_pointer_cast<MaceImpl>(mine)->set_radial_spline(false);
   const ModelOutputs ours = compute_outputs(*mine, batch, ComputeOptions{});
   // MACE's module, float64 copy (what MACECalculator(default_dtype="float64") does).
   torch::jit::Module theirs = file.script->clone();

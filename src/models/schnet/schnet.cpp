@@ -4,6 +4,7 @@
 // with a residual update of the atom features.
 
 #include "crucible/models/schnet.h"
+#include "crucible/models/zbl.h"
 #include "crucible/models/layer_nodes.h"
 #include "crucible/models/cfconv.h"
 #include "crucible/models/filter_convolution.h"
@@ -71,9 +72,17 @@ void SchNetImpl::reset() {
 
   const auto opts = at::TensorOptions().dtype(at::kFloat);
   offsets_ = register_buffer("offsets", at::linspace(0.0, options_.cutoff, G, opts));
-  e0_ = register_buffer("e0", at::zeros({options_.max_atomic_number + 1}, opts));
-  scale_ = register_buffer("scale", at::ones({}, opts));
-  shift_ = register_buffer("shift", at::zeros({}, opts));
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);  // energy sums in float64 (issue 48)
+  e0_ = register_buffer("e0", at::zeros({options_.max_atomic_number + 1}, f64));
+  scale_ = register_buffer("scale", at::ones({}, f64));
+  shift_ = register_buffer("shift", at::zeros({}, f64));
+  if (options_.pair_repulsion) {  // MACE's ZBL constants (models/zbl.h)
+    const ZblParameters zbl = default_zbl_parameters(kZblEnvelopeP);
+    zbl_c_ = register_buffer("zbl_c", zbl.c);  // float64, as the energy sums
+    zbl_a_exp_ = register_buffer("zbl_a_exp", zbl.a_exp);
+    zbl_a_prefactor_ = register_buffer("zbl_a_prefactor", zbl.a_prefactor);
+    zbl_covalent_radii_ = register_buffer("zbl_covalent_radii", zbl.covalent_radii);
+  }
 }
 
 at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
@@ -95,6 +104,7 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
   at::Tensor rbf, fc;
   at::Tensor edge_pair, pair_rep;  // fast path: [E] pair of each edge, [P] one edge per pair
   at::Tensor pair_d;               // [P] pair distances (fast and inference paths)
+  at::Tensor pair;                 // [N] ZBL energies (SchNetOptions::pair_repulsion)
   // bf16 products on the CPU: the filter network's rows (pairs) are padded
   // once to a row bucket (gemm_rows.h), with distance r_c so f_c = 0.
   const bool pad_pairs = !ref && !chunked && cpu_bf16_gemm(batch.positions, out2_->weight);
@@ -104,6 +114,10 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     AutocastDisabledGuard no_autocast;
     const at::Tensor vec = edge_vectors(batch);                  // [E,3]
     at::Tensor d = vec.pow(2).sum(-1).sqrt();                    // [E]
+    if (options_.pair_repulsion) {  // ZBL per node from every edge (issue 48)
+      const ZblParameters zbl{zbl_c_, zbl_a_exp_, zbl_a_prefactor_, zbl_covalent_radii_, kZblEnvelopeP};
+      pair = zbl_node_energies(d, batch.atomic_numbers, batch.edge_index, N, zbl);
+    }
     if (!ref) {
       // Fast path: the filter depends on the distance only, which an edge
       // shares with its reverse; compute it once per pair (P ≈ E/2 rows).
@@ -172,10 +186,13 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     x = leading_rows(x, n_out) + v.to(x.scalar_type());
   }
   at::Tensor y = linear(out2_, ssp(linear(out1_, x), ref)).squeeze(-1);  // [N]
-  // Back to the geometry dtype before the scale/shift and the energy sum.
+  // Scale and shift in float64, as the energy sums (issue 48); an older
+  // model file may hold them in float32.
   AutocastDisabledGuard no_autocast;
-  y = pad_nodes(y.to(geom), N);
-  return scale_.to(geom) * y + shift_.to(geom);
+  y = pad_nodes(y.to(at::kDouble), N);
+  at::Tensor out = scale_.to(at::kDouble) * y + shift_.to(at::kDouble);
+  if (pair.defined()) out = out + pair.to(at::kDouble);  // the physical ZBL energy, unscaled
+  return out;
 }
 
 std::shared_ptr<EnergyModel> SchNetImpl::clone_model() const {
@@ -183,13 +200,13 @@ std::shared_ptr<EnergyModel> SchNetImpl::clone_model() const {
 }
 
 at::Tensor SchNetImpl::node_energies(const Batch& batch) {
-  const at::Tensor atomic = atomic_energies(batch);  // [N], positions' dtype
+  const at::Tensor atomic = atomic_energies(batch);  // [N] float64
   AutocastDisabledGuard no_autocast;
-  return atomic + e0_.to(atomic.scalar_type()).index_select(0, batch.atomic_numbers);
+  return atomic + e0_.to(at::kDouble).index_select(0, batch.atomic_numbers);
 }
 
 at::Tensor SchNetImpl::energy(const Batch& batch) {
-  // The per-atom → per-structure sum runs with autocast off in the positions' dtype.
+  // The per-atom → per-structure sum runs with autocast off in float64.
   const at::Tensor total = node_energies(batch);  // [N]
   AutocastDisabledGuard no_autocast;
   const int64_t B = batch.num_atoms.size(0);

@@ -18,6 +18,7 @@ SchNetOptions schnet_options(const ModelParams& params, double cutoff) {
   so.num_interactions = ctx.get_int("num_interactions");
   so.num_gaussians = ctx.get_int("num_gaussians");
   so.cutoff = cutoff;
+  so.pair_repulsion = ctx.get_bool("pair_repulsion");
   return so;
 }
 
@@ -30,15 +31,20 @@ ModelFactory schnet_factory() {
       {"num_filters", int64_t{32}, "Size of the continuous filters of each interaction (SchNet n_filters).", "", 1.0},
       {"num_interactions", int64_t{2}, "Number of interaction (message-passing) blocks.", "", 1.0},
       {"num_gaussians", int64_t{20}, "Number of Gaussian radial basis functions on [0, cutoff].", "", 2.0},
+      {"pair_repulsion", false,
+       "Add the ZBL screened nuclear repulsion (MACE's pair_repulsion form, cut off at the sum of covalent "
+       "radii) to the energy, trained and deployed with the model: MD then survives close encounters."},
   };
   f.create = [](const ModelBuildContext& ctx) -> std::shared_ptr<EnergyModel> {
     return std::make_shared<SchNetImpl>(schnet_options(*ctx.params, ctx.cutoff));
   };
   f.to_json = [](const EnergyModel& m) {
     const auto& o = dynamic_cast<const SchNetImpl&>(m).options();
-    return nlohmann::json{{"hidden_channels", o.hidden_channels}, {"num_filters", o.num_filters},
-                          {"num_interactions", o.num_interactions}, {"num_gaussians", o.num_gaussians},
-                          {"cutoff", o.cutoff}, {"max_atomic_number", o.max_atomic_number}};
+    nlohmann::json h{{"hidden_channels", o.hidden_channels}, {"num_filters", o.num_filters},
+                     {"num_interactions", o.num_interactions}, {"num_gaussians", o.num_gaussians},
+                     {"cutoff", o.cutoff}, {"max_atomic_number", o.max_atomic_number}};
+    if (o.pair_repulsion) h["pair_repulsion"] = true;
+    return h;
   };
   f.from_json = [](const nlohmann::json& h) -> std::shared_ptr<EnergyModel> {
     SchNetOptions so;
@@ -48,6 +54,7 @@ ModelFactory schnet_factory() {
     so.num_gaussians = h.at("num_gaussians").get<int64_t>();
     so.cutoff = h.at("cutoff").get<double>();
     so.max_atomic_number = h.at("max_atomic_number").get<int64_t>();
+    so.pair_repulsion = h.value("pair_repulsion", false);
     return std::make_shared<SchNetImpl>(so);
   };
   f.parameter_estimate = [](const ModelBuildContext& ctx) {

@@ -3,6 +3,7 @@
 // chunks: the inference path's kernel (issue 19, deliverable 1).
 
 #include "crucible/models/filter_convolution.h"
+#include "crucible/models/mace/radial_spline.h"
 #include "crucible/models/mace/tensor_product.h"
 
 #include <ATen/ATen.h>
@@ -31,6 +32,12 @@ namespace crucible::mace {
 /// split among at::get_num_threads() threads, each summing into its own
 /// node-sized accumulators.
 ///
+/// With a `spline` (issue 48; CPU, x's dtype), w[e] = spline(r[pair e])
+/// instead of the MLP, `feats` holds the pair distances r [P, 1] and `mlp`
+/// (the weights the spline was made from) is not evaluated, only refused a
+/// gradient as without a spline; the backward gives ∂/∂r through the
+/// spline's derivative. The spline must outlive the autograd graph.
+///
 /// Backward: ∂/∂x, ∂/∂Y and ∂/∂feats, first order, by hand (silu'(z) =
 /// σ(z)(1 + z(1 − σ(z))), T linear in Y, the contraction's four slots).
 /// @throws std::runtime_error from the backward if a gradient of an MLP
@@ -38,6 +45,6 @@ namespace crucible::mace {
 /// @throws c10::Error on mismatched shapes or dtypes.
 at::Tensor chunked_aggregate(const at::Tensor& x, const at::Tensor& Y, const at::Tensor& feats,
                              const std::vector<at::Tensor>& mlp, const ConvTensorProduct& tp, const PairEdges& edges,
-                             int64_t chunk);
+                             int64_t chunk, const RadialSpline* spline = nullptr);
 
 }  // namespace crucible::mace

@@ -6,6 +6,7 @@
 #include "crucible/models/energy_model.h"
 #include "crucible/models/filter_convolution.h"
 #include "crucible/models/mace/irreps.h"
+#include "crucible/models/mace/radial_spline.h"
 #include "crucible/models/mace/symmetric_contraction.h"
 #include "crucible/models/mace/tensor_product.h"
 
@@ -17,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 #include <algorithm>
@@ -59,13 +61,16 @@ struct MaceOptions {
   /// An imported MACE model uses e3nn's Monte Carlo estimate (e3nn
   /// math/_normalize_activation.py: 10^6 float64 normal draws, seed 0).
   double silu_normalization = 0.0;
-  /// basis "mace": MACE's ZBL pair repulsion (mace/modules/radial.py
-  /// ZBLBasis; Ziegler, Biersack, Littmark 1985), added to the readouts
-  /// before scale and shift as MACE does:
+  /// MACE's ZBL pair repulsion (mace/modules/radial.py ZBLBasis; Ziegler,
+  /// Biersack, Littmark 1985; models/zbl.h). An imported model (basis
+  /// "mace") adds it to the readouts before scale and shift as MACE does; a
+  /// model trained here (config model.mace.pair_repulsion) adds the ZBL
+  /// energy itself after them (NequIP's convention):
   ///   V_i = ½ Σ_j 14.3996 Z_i Z_j / r_ij · φ(r_ij / a_ij) · f_p(r_ij / (R_i + R_j)),
   ///   a_ij = 0.4543 · 0.529 / (Z_i^0.3 + Z_j^0.3), φ(x) = Σ_k c_k e^(−d_k x)
   /// with c, the exponent 0.3, the prefactor 0.4543 and the covalent radii
-  /// R (ASE's) held as buffers `zbl_*` from the file; f_p the polynomial
+  /// R (ASE's) held as buffers `zbl_*` (MACE's defaults, or the file's);
+  /// f_p the polynomial
   /// envelope with p = num_polynomial_cutoff.
   bool pair_repulsion = false;
   /// basis "mace": the file's use_reduced_cg (which only changed how MACE
@@ -105,6 +110,16 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
 
   at::Tensor energy(const Batch& batch) override;
   torch::nn::Module& module() override { return *this; }
+  /// torch::nn::Module::to, except that E0, scale, shift and the ZBL
+  /// constants stay float64 (module_to_keeping_float64): the layers take
+  /// `dtype`, the energy sums not.
+  using torch::nn::Module::to;
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override {
+    module_to_keeping_float64(*this, float64_buffers(), device, dtype, non_blocking);
+  }
+  void to(torch::Dtype dtype, bool non_blocking = false) override {
+    module_to_keeping_float64(*this, float64_buffers(), std::nullopt, dtype, non_blocking);
+  }
   double cutoff() const override { return options_.cutoff; }
   /// max(1, num_interactions) × cutoff, Å.
   double interaction_range() const override { return static_cast<double>(std::max<int64_t>(1, options_.num_interactions)) * options_.cutoff; }
@@ -112,20 +127,44 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   std::shared_ptr<EnergyModel> clone_model() const override;
   std::vector<int64_t> elements() const override { return options_.atomic_numbers; }
 
-  /// Per-atom energy without E0: scale · Σ_t e_t + shift, [N] eV.
+  /// Per-atom energy without E0: scale · Σ_t e_t + shift, [N] eV float64
+  /// (the readouts e_t in the layers' dtype, scaled and shifted in float64).
   /// @throws std::invalid_argument for an element the model was not built for.
   at::Tensor atomic_energies(const Batch& batch);
   /// E0 [119] eV (index Z), scale (eV), shift (eV/atom).
   /// @throws std::invalid_argument on a wrong e0 shape or non-finite values.
   void set_energy_normalization(const at::Tensor& e0, double scale, double shift) override;
-  /// atomic_energies + E0[Z], [N] eV.
+  /// atomic_energies + E0[Z], [N] eV float64.
   at::Tensor node_energies(const Batch& batch) override;
   const MaceOptions& options() const { return options_; }
   void set_reference_autograd(bool on) { options_.reference_autograd = on; }
   /// True for an imported MACE model (MaceOptions::basis "mace").
   bool mace_basis() const { return options_.basis == "mace"; }
+  /// Inference path (issue 48): layer t's radial weights R_t(r) =
+  /// MLP_t(b(r) f(r)) [num_paths · C per distance] as a cubic spline of the
+  /// distance on [0, cutoff] (mace::tabulate_radial, relative value error
+  /// ≤ 1e-9), in the layers' dtype, built from the current weights on first
+  /// use and rebuilt after a weight changes (storage or version). nullptr
+  /// when splines are off (set_radial_spline(false), or the environment's
+  /// CRUCIBLE_RADIAL_SPLINE=0): then the MLP runs per distance pair, the
+  /// exact reference. Thread-safe. @throws std::out_of_range for t outside
+  /// 0..num_interactions-1.
+  std::shared_ptr<const mace::RadialSpline> radial_spline(int64_t t) const;
+  /// Turns the inference path's radial splines on or off (this model and
+  /// its later clones). Never throws.
+  void set_radial_spline(bool on) { radial_spline_ = on; }
+  /// Whether the inference path uses radial_spline(): set_radial_spline's
+  /// value, else CRUCIBLE_RADIAL_SPLINE (0 = off), else on.
+  bool radial_spline_enabled() const;
 
  private:
+  /// e0_, scale_, shift_ and the defined zbl_* buffers: kept float64 by to().
+  std::vector<at::Tensor> float64_buffers() const {
+    std::vector<at::Tensor> out{e0_, scale_, shift_};
+    for (const at::Tensor* t : {&zbl_c_, &zbl_a_exp_, &zbl_a_prefactor_, &zbl_covalent_radii_})
+      if (t->defined()) out.push_back(*t);
+    return out;
+  }
   struct Layer {
     mace::Irreps node, target, out;  // per channel (multiplicity 1)
     std::shared_ptr<mace::ConvTensorProduct> tp;
@@ -201,6 +240,15 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   at::Tensor pair_repulsion(const Batch& batch, const at::Tensor& r) const;
   std::vector<std::map<std::array<int, 3>, at::Tensor>> w3j_;
   std::vector<std::pair<const void*, int64_t>> file_tables_signature_;
+  /// radial_spline(): per layer the table and the (storage, version) of the
+  /// weights and dtype it was built from.
+  struct SplineCache {
+    std::vector<std::shared_ptr<const mace::RadialSpline>> splines;
+    std::vector<std::vector<std::pair<const void*, int64_t>>> signatures;
+    std::mutex mutex;
+  };
+  std::shared_ptr<SplineCache> spline_cache_ = std::make_shared<SplineCache>();
+  std::optional<bool> radial_spline_;
   std::shared_ptr<std::mutex> file_tables_mutex_ = std::make_shared<std::mutex>();
 };
 TORCH_MODULE(Mace);
