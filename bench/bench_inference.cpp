@@ -63,6 +63,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -100,6 +101,28 @@ double status_kb(const char* key) {
 void reset_peak() {
   std::ofstream f("/proc/self/clear_refs");
   f << "5";
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+/// K rounds of a(), b() in alternating order (a first in even rounds, b in
+/// odd ones), each returning its seconds: the two side by side.
+void alternate(int rounds, const std::function<double()>& a, const std::function<double()>& b, std::vector<double>& ta,
+               std::vector<double>& tb, std::vector<double>& ratio_b_over_a) {
+  for (int r = 0; r < rounds; ++r) {
+    if (r % 2 == 0) {
+      ta.push_back(a());
+      tb.push_back(b());
+    } else {
+      tb.push_back(b());
+      ta.push_back(a());
+    }
+    ratio_b_over_a.push_back(tb.back() / ta.back());
+  }
 }
 
 std::vector<int> parse_list(const std::string& s) {
@@ -322,23 +345,9 @@ int main(int argc, char** argv) {
         evaluate();
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       };
-      std::vector<double> one, many, ratio;
-      for (int r = 0; r < thread_rounds; ++r) {  // 1, N, N, 1, 1, N, ...: neither goes first every time
-        if (r % 2 == 0) {
-          one.push_back(timed(1));
-          many.push_back(timed(threads));
-        } else {
-          many.push_back(timed(threads));
-          one.push_back(timed(1));
-        }
-        ratio.push_back(one.back() / many.back());
-      }
+      std::vector<double> one, many, ratio;  // N, 1, 1, N, N, 1, ...: neither goes first every time
+      alternate(thread_rounds, [&] { return timed(threads); }, [&] { return timed(1); }, many, one, ratio);
       at::set_num_threads(threads);
-      auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        const size_t h = v.size() / 2;
-        return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-      };
       std::printf("threads_side_by_side model=%s path=%s atoms=%lld rounds=%d threads=%d us_per_atom_1=%.2f "
                   "us_per_atom_n=%.2f speedup_median=%.3f speedup_min=%.3f speedup_max=%.3f\n",
                   model_name.c_str(), path.c_str(), static_cast<long long>(n), thread_rounds, threads,
@@ -358,22 +367,8 @@ int main(int argc, char** argv) {
       };
       timed(true);  // the tables are built on the first engine call
       std::vector<double> eng, ref, ratio;
-      for (int r = 0; r < engine_rounds; ++r) {
-        if (r % 2 == 0) {
-          eng.push_back(timed(true));
-          ref.push_back(timed(false));
-        } else {
-          ref.push_back(timed(false));
-          eng.push_back(timed(true));
-        }
-        ratio.push_back(ref.back() / eng.back());
-      }
+      alternate(engine_rounds, [&] { return timed(true); }, [&] { return timed(false); }, eng, ref, ratio);
       mace.set_radial_spline(true);
-      auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        const size_t h = v.size() / 2;
-        return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-      };
       std::printf("engine_side_by_side model=mace_%s path=%s atoms=%lld rounds=%d threads=%d us_per_atom_engine=%.2f "
                   "us_per_atom_exact=%.2f speedup_median=%.3f speedup_min=%.3f speedup_max=%.3f\n",
                   mace_size.c_str(), path.c_str(), static_cast<long long>(n), engine_rounds, threads,
