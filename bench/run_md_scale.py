@@ -5,9 +5,12 @@ the Python calculator and LAMMPS/KIM; 2 threads against 1; the training
 path's cost per atom; bf16-mixed against 32-true training; the machine's
 GEMM rates; the CPU model and flags. Every ratio is measured in this run.
 
-Usage: /usr/bin/python3 bench/run_md_scale.py [--build build]
+Usage: /usr/bin/python3 bench/run_md_scale.py [--build build] [--quick]
        [--work /tmp/crucible_bench] [--reps 4,8,16,32] [--deploy-reps 4,8,16]
        [--train-steps 60] [--train-rounds 3]
+--quick runs the MACE engine section alone (issue 48: engine_speedup MODEL
+ATOMS RATIO lines, the engine against the exact path side by side; the
+kim_vs_api lines are not there yet).
 Needs a built tree, Debian's python3-ase, lmp and libkim-api-dev.
 """
 import argparse
@@ -45,16 +48,21 @@ def main():
     ap.add_argument("--bf16-seeds", default="0,1,2", help="SchNet initial-weight seeds of the bf16 section")
     ap.add_argument("--thread-rounds", type=int, default=6, help="alternating 1/2-thread rounds of the threads section")
     ap.add_argument("--train-thread-rounds", type=int, default=3, help="rounds of the train_threads section")
-    ap.add_argument("--sections", default="inference,threads,training,bf16,train_threads,deploy",
+    ap.add_argument("--sections", default="engine,inference,threads,training,bf16,train_threads,deploy",
                     help="comma-separated subset to run")
+    ap.add_argument("--engine-rounds", type=int, default=3, help="alternating rounds of the engine section")
+    ap.add_argument("--quick", action="store_true",
+                    help="the checks' form (issue 48): the engine section alone, at 2048 atoms")
     a = ap.parse_args()
+    if a.quick:
+        a.sections = "engine"
     bench = os.path.join(a.build, "bench")
     inf = os.path.join(bench, "bench_inference")
     env1 = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env2 = dict(os.environ, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="2")
     os.makedirs(a.work, exist_ok=True)
     data = os.path.join(a.work, "cu_emt_500.extxyz")
-    if not os.path.exists(data):
+    if not os.path.exists(data) and not a.quick:  # the engine section builds its own cells
         run([sys.executable, os.path.join(HERE, "reference", "make_cu_emt.py"), data, "--frames", "500"], env1)
 
     print(f"Crucible at MD scale ({time.strftime('%Y-%m-%d')}, {os.uname().nodename})")
@@ -78,6 +86,22 @@ def main():
         return fields(last_line(out, "model="))
 
     sections = set(a.sections.split(","))
+    if "engine" in sections:
+        # Issue 48: the MACE inference engine (radial splines so far) against
+        # the exact path of the same model, alternating call by call in one
+        # process; the small MACE and one of MACE-MP-0 medium's size.
+        print(f"MACE inference engine against the exact path (energy + forces + stress, float32, random weights, "
+              f"1 thread, 2048 atoms; {a.engine_rounds} alternating rounds in one process, median and range):")
+        for size in ("small", "medium"):
+            out = run([inf, "--model", "mace", "--mace-size", size, "--reps", "8", "--threads", "1", "--flops", "0",
+                       "--engine-rounds", str(a.engine_rounds)], env1)
+            f = fields(last_line(out, "engine_side_by_side"))
+            print(f"  mace_{size:<7} engine {float(f['us_per_atom_engine']):.1f} µs/atom, exact "
+                  f"{float(f['us_per_atom_exact']):.1f} µs/atom: {float(f['speedup_median']):.2f}x "
+                  f"({float(f['speedup_min']):.2f}-{float(f['speedup_max']):.2f}); target "
+                  f"{'4' if size == 'small' else '3'}x", flush=True)
+            print(f"engine_speedup mace_{size} {f['atoms']} {float(f['speedup_median']):.3f}", flush=True)
+        print()
     trainers = (("schnet", [os.path.join(bench, "bench_schnet_training"), data, "--steps", str(a.train_steps)]),
                 ("mace", [os.path.join(bench, "bench_mace_training"), data, "--steps", str(a.train_steps // 2)]))
     tags = {"schnet": "crucible", "mace": "crucible_mace"}
