@@ -55,7 +55,9 @@ def child_calculator(pydir, run_dir, rep):
     print(f"seconds={best:.6f} peak_kb={peak}")
 
 
-def lammps_run(work, name, rep, env, steps=1):
+def lammps_run(work, name, rep, env, steps=1, processes=1):
+    """Seconds per step (LAMMPS's loop time over `steps`) and the peak RSS
+    (kB) of `lmp` (under `mpirun -np processes` when above 1)."""
     inp = os.path.join(work, f"in_{name}_{rep}.lmp")
     with open(inp, "w") as f:
         f.write(f"""kim init {name} metal
@@ -66,7 +68,7 @@ create_box 1 box
 create_atoms 1 box
 kim interactions Cu
 mass 1 63.546
-displace_atoms all random 0.02 0.02 0.02 7
+displace_atoms all random 0.02 0.02 0.02 7 units box
 neighbor 1.0 bin
 velocity all create 300 7
 fix 1 all nve
@@ -74,7 +76,7 @@ thermo_style custom step pe press
 run {steps}
 """)
     code = ("import resource,subprocess,sys;"
-            f"p=subprocess.run(['lmp','-in','{inp}','-log','none'],capture_output=True,text=True);"
+            f"p=subprocess.run({launcher(processes)!r}+['lmp','-in','{inp}','-log','none'],capture_output=True,text=True);"
             "sys.stdout.write(p.stdout);sys.stderr.write(p.stderr);"
             "print('peak_kb=%d'%resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss);sys.exit(p.returncode)")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=work)
@@ -84,6 +86,10 @@ run {steps}
     seconds = float(loops[-1].split()[3]) / steps
     peak = int([l for l in p.stdout.splitlines() if l.startswith("peak_kb=")][-1].split("=")[1])
     return seconds, peak
+
+
+def launcher(processes):
+    return [] if processes == 1 else ["mpirun", "-np", str(processes)]
 
 
 RANGE = {"schnet": 15.0, "mace": 10.0}  # interaction ranges of the bench models (3 and 2 layers at 5 Å)
@@ -101,6 +107,29 @@ def evaluated_particles(path, model, rep, a=3.61, skin=1.0):
 def available_kb():
     with open("/proc/meminfo") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("MemAvailable:"))
+
+
+def prepare_model(binary, work, data, env, model):
+    """Trains `model` (schnet or mace, cutoff 5 Å) for 5 steps on `data`,
+    exports it to KIM in float64 and float32 and installs both into
+    env["HOME"]'s user collection. Returns (run_dir, {path: (KIM name, dtype)})."""
+    os.makedirs(env["HOME"], exist_ok=True)
+    run_dir = os.path.join(work, f"{model}_run")
+    subprocess.run([binary, "train", f"data.train_file={data}", f"model.type={model}", "model.cutoff=5.0",
+                    "training.num_steps=5", "training.dtype=float32", f"output.run_dir={run_dir}",
+                    "output.overwrite=true"], check=True, env=env, capture_output=True)
+    items = {"lammps_kim": (f"Cu_{model}_bench", "float64"), "lammps_kim_f32": (f"Cu_{model}_bench_f32", "float32")}
+    for name, dtype in items.values():
+        kim_dir = os.path.join(work, name)
+        shutil.rmtree(kim_dir, ignore_errors=True)
+        subprocess.run([binary, "export", "kim", run_dir, "--name", name, "--out", kim_dir, "--dtype", dtype],
+                       check=True, env=env, capture_output=True)
+        for item in (name, name + "_driver"):  # an installed driver would make install skip the new model
+            subprocess.run(["kim-api-collections-management", "remove", "--force", item], env=env,
+                           capture_output=True)
+        subprocess.run(["kim-api-collections-management", "install", "user", kim_dir], check=True, env=env,
+                       capture_output=True)
+    return run_dir, items
 
 
 def main():
@@ -122,24 +151,9 @@ def main():
         subprocess.run([sys.executable, os.path.join(HERE, "reference", "make_cu_emt.py"), data, "--frames", "500"],
                        check=True)
     env = dict(os.environ, HOME=os.path.join(work, "home"), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    os.makedirs(env["HOME"], exist_ok=True)
     reps = [int(r) for r in a.reps.split(",")]
     for model in a.models.split(","):
-        run_dir = os.path.join(work, f"{model}_run")
-        subprocess.run([binary, "train", f"data.train_file={data}", f"model.type={model}", "model.cutoff=5.0",
-                        "training.num_steps=5", "training.dtype=float32", f"output.run_dir={run_dir}",
-                        "output.overwrite=true"], check=True, env=env, capture_output=True)
-        items = {"lammps_kim": (f"Cu_{model}_bench", "float64"), "lammps_kim_f32": (f"Cu_{model}_bench_f32", "float32")}
-        for name, dtype in items.values():
-            kim_dir = os.path.join(work, name)
-            shutil.rmtree(kim_dir, ignore_errors=True)
-            subprocess.run([binary, "export", "kim", run_dir, "--name", name, "--out", kim_dir, "--dtype", dtype],
-                           check=True, env=env, capture_output=True)
-            for item in (name, name + "_driver"):  # an installed driver would make install skip the new model
-                subprocess.run(["kim-api-collections-management", "remove", "--force", item], env=env,
-                               capture_output=True)
-            subprocess.run(["kim-api-collections-management", "install", "user", kim_dir], check=True, env=env,
-                           capture_output=True)
+        run_dir, items = prepare_model(binary, work, data, env, model)
         for path in ("python_calculator", "lammps_kim_f32", "lammps_kim"):
             first = last = None
             for rep in reps:

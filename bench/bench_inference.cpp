@@ -14,6 +14,7 @@
 //      [--reps 4,8,16,32] [--path inference|training] [--ops K]
 //      [--order lattice|shuffled|morton] [--flops 0|1] [--op-shapes 0|1]
 //      [--thread-rounds K] [--engine-rounds K] [--mace-size small|medium]
+//      [--model-dir DIR] [--dtype float32|float64]
 // --order permutes the atoms before the neighbor list: same structure, same
 // edges, other indices. shuffled: at random (seed 0), so a receiver's
 // neighbors no longer have nearby indices; morton: along a Z-order curve of
@@ -38,13 +39,28 @@
 // "engine_side_by_side" line (median speedup and range; issue 48).
 // --mace-size medium: 128x0e+128x1o, max_ell 3, correlation 3, 2 interactions,
 // 89 elements (MACE-MP-0 medium's size), random weights; small: the default.
+// --cluster-rounds K: K more rounds of one C++ API call and one
+// evaluate_cluster call on the cell cut out as LAMMPS hands it to the KIM
+// model (the atoms, contributing, and their periodic images within the
+// interaction range + 1 Å of skin as padding; energy, forces, virial; full
+// neighbor lists at cutoff + 1 Å built once, as LAMMPS's between rebuilds),
+// alternating, as a "cluster_side_by_side" line: the median ratio cluster
+// over API per atom, and the floor sum_t layer_nodes[t] / (L · atoms), what
+// the layers' unavoidable work on padding alone would give (issue 48).
+// --model-dir DIR loads a trained or exported model (model.json + model.pt,
+// as crucible evaluate does) instead of random weights; --dtype float64
+// evaluates in float64 (default float32): bench/run_md_scale.py's
+// kim_vs_api lines time LAMMPS/KIM against this for the same model.
 // --ops K profiles one more (untimed) call and prints its K operators of the
 // largest self time (time inside the op minus its child ops; summed over all
 // threads' records, so wall time only where one thread runs), one
 // "op name=... self_ms=... calls=..." line each: which parts of a call do not
 // gain from threads.
 
+#include "crucible/cli/model_io.h"
 #include "crucible/data/dataset.h"
+#include "crucible/deploy/cluster.h"
+#include "crucible/neighbors/neighbor_list.h"
 #include "crucible/models/energy_model.h"
 #include "crucible/models/mace/mace.h"
 #include "crucible/models/schnet.h"
@@ -201,8 +217,9 @@ int main(int argc, char** argv) {
   tune_allocator_for_training();
   std::string model_name = "schnet", path = "inference";
   std::string atom_order = "lattice";
-  int threads = 1, top_ops = 0, count_flops = 1, op_shapes = 0, thread_rounds = 0, engine_rounds = 0;
-  std::string mace_size = "small";
+  int threads = 1, top_ops = 0, count_flops = 1, op_shapes = 0, thread_rounds = 0, engine_rounds = 0, cluster_rounds = 0;
+  std::string mace_size = "small", model_dir;
+  at::ScalarType dtype = at::kFloat;
   std::vector<int> reps = {4, 8, 16, 32};
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string key = argv[k], value = argv[k + 1];
@@ -215,6 +232,15 @@ int main(int argc, char** argv) {
     else if (key == "--op-shapes") op_shapes = std::atoi(value.c_str());
     else if (key == "--thread-rounds") thread_rounds = std::atoi(value.c_str());
     else if (key == "--engine-rounds") engine_rounds = std::atoi(value.c_str());
+    else if (key == "--model-dir") model_dir = value;
+    else if (key == "--cluster-rounds") cluster_rounds = std::atoi(value.c_str());
+    else if (key == "--dtype") {
+      if (value != "float32" && value != "float64") {
+        std::fprintf(stderr, "--dtype: expected float32 or float64, got '%s'\n", value.c_str());
+        return 1;
+      }
+      dtype = value == "float64" ? at::kDouble : at::kFloat;
+    }
     else if (key == "--mace-size") {
       if (value != "small" && value != "medium") {
         std::fprintf(stderr, "--mace-size: expected small or medium, got '%s'\n", value.c_str());
@@ -251,7 +277,10 @@ int main(int argc, char** argv) {
   }
   at::manual_seed(0);
   std::shared_ptr<EnergyModel> model;
-  if (model_name == "schnet") {
+  if (!model_dir.empty()) {
+    model = load_model(model_dir).model;
+    model_name = dynamic_cast<MaceImpl*>(model.get()) ? "mace" : "schnet";
+  } else if (model_name == "schnet") {
     SchNetOptions so;
     so.cutoff = 5.0;
     model = std::make_shared<SchNetImpl>(so);
@@ -272,6 +301,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--model schnet|mace\n");
     return 1;
   }
+  model->module().to(dtype);
   for (int rep : reps) {
     Structure s = bench::fcc_cu_structure(rep);
     if (atom_order == "shuffled") {
@@ -281,8 +311,8 @@ int main(int argc, char** argv) {
       s.positions = s.positions.index_select(0, morton_order(s.positions, s.cell));
     }
     const int64_t n = s.num_atoms();
-    AtomicDataset ds({s}, 5.0);
-    const Batch batch = ds.collate({0}).to(at::kCPU, at::kFloat);
+    AtomicDataset ds({s}, model->cutoff());
+    const Batch batch = ds.collate({0}).to(at::kCPU, dtype);
     ComputeOptions co;
     co.forces = true;
     co.stress = true;
@@ -331,10 +361,10 @@ int main(int argc, char** argv) {
       for (auto& thread_events : prof::disableProfilerLegacy())
         for (auto& ev : thread_events) gflop += static_cast<double>(ev.flops()) * 1e-9;
     }
-    std::printf("model=%s path=%s order=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f "
+    std::printf("model=%s dtype=%s path=%s order=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f "
                 "peak_kb_per_atom=%.2f faults_per_call=%.0f kernel_share=%.3f fresh_mb_per_call=%.0f moved_mb_per_call=%.0f "
                 "profiled_gflop=%.3f achieved_gflops=%.2f\n",
-                model_name.c_str(), path.c_str(), atom_order.c_str(), threads, static_cast<long long>(n),
+                model_name.c_str(), dtype == at::kDouble ? "float64" : "float32", path.c_str(), atom_order.c_str(), threads, static_cast<long long>(n),
                 static_cast<long long>(batch.num_edges()), n / best, 1e6 * best / n, peak_kb / n, faults_per_call, kernel_share, fresh_mb, moved_mb, gflop,
                 gflop / best);
     std::fflush(stdout);
@@ -374,6 +404,70 @@ int main(int argc, char** argv) {
                   mace_size.c_str(), path.c_str(), static_cast<long long>(n), engine_rounds, threads,
                   1e6 * median(eng) / n, 1e6 * median(ref) / n, median(ratio),
                   *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
+      std::fflush(stdout);
+    }
+    if (cluster_rounds > 0) {
+      // The cell as LAMMPS's domain of one process: images within range + skin of the cubic cell.
+      const double side = s.cell[0][0].item<double>(), reach = model->interaction_range() + 1.0;
+      const int m = static_cast<int>(std::ceil(reach / side));
+      std::vector<at::Tensor> parts{s.positions};
+      std::vector<int64_t> owned{n};
+      for (int i = -m; i <= m; ++i)
+        for (int j = -m; j <= m; ++j)
+          for (int k = -m; k <= m; ++k) {
+            if (i == 0 && j == 0 && k == 0) continue;
+            const at::Tensor image = s.positions + at::tensor(std::vector<double>{i * side, j * side, k * side}, at::kDouble);
+            const at::Tensor inside = ((image > -reach) & (image < side + reach)).all(1);
+            parts.push_back(image.index({inside}));
+          }
+      const at::Tensor cluster = at::cat(parts);
+      const int64_t total = cluster.size(0);
+      const at::Tensor z = at::full({total}, 29, at::kLong);
+      const at::Tensor contributing = at::arange(total, at::kLong) < n;
+      // Full lists at cutoff + skin built once, as LAMMPS keeps its lists between rebuilds.
+      const NeighborList lists = build_neighbor_list(cluster, at::zeros({3, 3}, at::kDouble), {false, false, false},
+                                                     model->cutoff() + 1.0);
+      std::vector<int> senders(static_cast<size_t>(lists.num_edges()));
+      std::vector<int64_t> first(static_cast<size_t>(total) + 1, 0);
+      {
+        const at::Tensor ei = lists.edge_index.contiguous();
+        const int64_t* r = ei.data_ptr<int64_t>();
+        for (int64_t e = 0; e < lists.num_edges(); ++e) {
+          senders[static_cast<size_t>(e)] = static_cast<int>(r[lists.num_edges() + e]);
+          ++first[static_cast<size_t>(r[e]) + 1];
+        }
+        for (int64_t a = 0; a < total; ++a) first[static_cast<size_t>(a) + 1] += first[static_cast<size_t>(a)];
+      }
+      const NeighborListSource source = [&](int64_t particle, int* count, const int** neighbors) {
+        *count = static_cast<int>(first[static_cast<size_t>(particle) + 1] - first[static_cast<size_t>(particle)]);
+        *neighbors = senders.data() + first[static_cast<size_t>(particle)];
+      };
+      ClusterOptions options;
+      options.virial = true;
+      ClusterResult last;
+      auto timed_cluster = [&] {
+        const auto t0 = std::chrono::steady_clock::now();
+        last = evaluate_cluster(*model, cluster, z, contributing, source, options);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      };
+      auto timed_api = [&] {
+        const auto t0 = std::chrono::steady_clock::now();
+        evaluate();
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      };
+      timed_cluster();
+      std::vector<double> api, clu, ratio;
+      alternate(cluster_rounds, timed_api, timed_cluster, api, clu, ratio);
+      double work = 0;
+      for (int64_t v : last.layer_nodes) work += static_cast<double>(v);
+      const double floor = last.layer_nodes.empty() ? 1.0 : work / static_cast<double>(last.layer_nodes.size() * n);
+      std::printf("cluster_side_by_side model=%s dtype=%s atoms=%lld particles=%lld evaluated=%lld rounds=%d "
+                  "us_per_atom_api=%.2f us_per_atom_cluster=%.2f ratio_median=%.3f ratio_min=%.3f ratio_max=%.3f "
+                  "floor=%.3f\n",
+                  model_name.c_str(), dtype == at::kDouble ? "float64" : "float32", static_cast<long long>(n),
+                  static_cast<long long>(total), static_cast<long long>(last.evaluated_atoms), cluster_rounds,
+                  1e6 * median(api) / n, 1e6 * median(clu) / n, median(ratio),
+                  *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()), floor);
       std::fflush(stdout);
     }
     if (top_ops > 0) {

@@ -8,9 +8,11 @@ GEMM rates; the CPU model and flags. Every ratio is measured in this run.
 Usage: /usr/bin/python3 bench/run_md_scale.py [--build build] [--quick]
        [--work /tmp/crucible_bench] [--reps 4,8,16,32] [--deploy-reps 4,8,16]
        [--train-steps 60] [--train-rounds 3]
---quick runs the MACE engine section alone (issue 48: engine_speedup MODEL
-ATOMS RATIO lines, the engine against the exact path side by side; the
-kim_vs_api lines are not there yet).
+--quick runs the MACE engine section and the kim section at 2048 and 16384
+atoms (issue 48): engine_speedup MODEL ATOMS RATIO lines (the engine
+against the exact path side by side) and kim_vs_api MODEL DTYPE ATOMS RATIO
+FLOOR lines (LAMMPS/KIM µs per atom-step over the C++ API's for the same
+model and dtype, and the ratio that the layers' work on ghosts alone gives).
 Needs a built tree, Debian's python3-ase, lmp and libkim-api-dev.
 """
 import argparse
@@ -48,22 +50,26 @@ def main():
     ap.add_argument("--bf16-seeds", default="0,1,2", help="SchNet initial-weight seeds of the bf16 section")
     ap.add_argument("--thread-rounds", type=int, default=6, help="alternating 1/2-thread rounds of the threads section")
     ap.add_argument("--train-thread-rounds", type=int, default=3, help="rounds of the train_threads section")
-    ap.add_argument("--sections", default="engine,inference,threads,training,bf16,train_threads,deploy",
+    ap.add_argument("--kim-reps", default="8,16", help="fcc cells per side of the kim section")
+    ap.add_argument("--kim-rounds", type=int, default=3, help="rounds (LAMMPS run, then C++ API) of the kim section")
+    ap.add_argument("--sections", default="engine,kim,inference,threads,training,bf16,train_threads,deploy",
                     help="comma-separated subset to run")
     ap.add_argument("--engine-rounds", type=int, default=3, help="alternating rounds of the engine section")
     ap.add_argument("--quick", action="store_true",
                     help="the checks' form (issue 48): the engine section alone, at 2048 atoms")
     a = ap.parse_args()
     if a.quick:
-        a.sections = "engine"
+        a.sections = "engine,kim"
+        a.kim_rounds = 1
     bench = os.path.join(a.build, "bench")
     inf = os.path.join(bench, "bench_inference")
     env1 = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env2 = dict(os.environ, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="2")
     os.makedirs(a.work, exist_ok=True)
     data = os.path.join(a.work, "cu_emt_500.extxyz")
-    if not os.path.exists(data) and not a.quick:  # the engine section builds its own cells
-        run([sys.executable, os.path.join(HERE, "reference", "make_cu_emt.py"), data, "--frames", "500"], env1)
+    if not os.path.exists(data):
+        frames = "40" if a.quick else "500"  # --quick: the kim section's 5 training steps only
+        run([sys.executable, os.path.join(HERE, "reference", "make_cu_emt.py"), data, "--frames", frames], env1)
 
     print(f"Crucible at MD scale ({time.strftime('%Y-%m-%d')}, {os.uname().nodename})")
     print(f"CPU: {cpu_model()}; flags: {cpu_flags()}")
@@ -102,6 +108,8 @@ def main():
                   f"{'4' if size == 'small' else '3'}x", flush=True)
             print(f"engine_speedup mace_{size} {f['atoms']} {float(f['speedup_median']):.3f}", flush=True)
         print()
+    if "kim" in sections:
+        kim_section(a, inf, data, env1)
     trainers = (("schnet", [os.path.join(bench, "bench_schnet_training"), data, "--steps", str(a.train_steps)]),
                 ("mace", [os.path.join(bench, "bench_mace_training"), data, "--steps", str(a.train_steps // 2)]))
     tags = {"schnet": "crucible", "mace": "crucible_mace"}
@@ -265,6 +273,54 @@ def main():
                 continue
             print(f"  {f['path']:<18} {f['model']:<7} {int(f['atoms']):>7} {float(f['atoms_per_s']):>9.0f} "
                   f"{float(f['us_per_atom']):>9.1f} {int(f['peak_mb']):>9} {f['marginal_kb_per_atom']:>23}", flush=True)
+
+
+def kim_section(a, inf, data, env1):
+    """Issue 48: LAMMPS/KIM against the C++ API for the same trained model
+    (5 training steps, cutoff 5 Å) and dtype, fcc Cu, 1 thread. Each round
+    runs LAMMPS (NVE, 3 steps after setup; µs per atom-step from its loop
+    time) and then bench_inference --model-dir (energy + forces + stress,
+    best of 3 calls); the median of the per-round ratios is printed. The
+    floor: LAMMPS's KIM model runs layer t of L on the particles within
+    L - 1 - t hops of its atoms (the driver's CRUCIBLE_KIM_STATS), so with
+    the API's cost per atom and layer the ghosts alone give
+    sum_t layer_nodes[t] / (L · atoms)."""
+    from bench_deploy import lammps_run, prepare_model  # noqa: E402
+    work = os.path.abspath(os.path.join(a.work, "kim"))
+    os.makedirs(work, exist_ok=True)
+    env = dict(env1, HOME=os.path.join(work, "home"))
+    binary = os.path.abspath(os.path.join(a.build, "crucible"))
+    stats_file = os.path.join(work, "kim_stats.txt")
+    reps = [int(r) for r in a.kim_reps.split(",")]
+    print(f"LAMMPS/KIM against the C++ API (same model and dtype, fcc Cu, 1 thread; {a.kim_rounds} round(s) of "
+          "a LAMMPS run (3 NVE steps) then the API, median ratio; floor = the ghosts' share of the layers' work):")
+    for model in ("schnet", "mace"):
+        run_dir, items = prepare_model(binary, work, os.path.abspath(data), env, model)
+        for path, (name, dtype) in sorted(items.items(), key=lambda kv: kv[1][1]):
+            for rep in reps:
+                ratios, kim_us, api_us = [], [], []
+                for _ in range(a.kim_rounds):
+                    if os.path.exists(stats_file):
+                        os.remove(stats_file)
+                    seconds, _peak = lammps_run(work, name, rep, dict(env, CRUCIBLE_KIM_STATS=stats_file), steps=3)
+                    with open(stats_file) as f:
+                        st = fields(f.read().splitlines()[-1])
+                    out = run([inf, "--model-dir", run_dir, "--dtype", dtype, "--reps", str(rep), "--threads", "1",
+                               "--flops", "0"], env)
+                    api = float(fields(last_line(out, "model="))["us_per_atom"])
+                    n = 4 * rep ** 3
+                    kim_us.append(1e6 * seconds / n)
+                    api_us.append(api)
+                    ratios.append(kim_us[-1] / api)
+                layers = [float(x) for x in st["layer_nodes"].split(",")] if st["layer_nodes"] != "all" else []
+                floor = sum(layers) / (len(layers) * n) if layers else float(st["evaluated"]) / n
+                ratio = statistics.median(ratios)
+                print(f"  {model:<7} {dtype:<8} {n:>6} atoms: LAMMPS/KIM {statistics.median(kim_us):.1f} µs/atom-step, "
+                      f"C++ API {statistics.median(api_us):.1f} µs/atom: {ratio:.2f}x (rounds {min(ratios):.2f}-"
+                      f"{max(ratios):.2f}); floor {floor:.2f} ({float(st['particles']):.0f} particles, layers on "
+                      f"{st['layer_nodes']}); {ratio / floor:.2f}x the floor", flush=True)
+                print(f"kim_vs_api {model} {dtype} {n} {ratio:.3f} {floor:.3f}", flush=True)
+    print()
 
 
 if __name__ == "__main__":

@@ -6,12 +6,12 @@
 #include "crucible/data/batch.h"
 #include "crucible/data/structure_checks.h"
 #include "crucible/neighbors/neighbor_list.h"
-#include "crucible/neighbors/counting_sort.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fmt/format.h>
 
 #include <limits>
@@ -22,34 +22,22 @@ namespace crucible {
 
 namespace {
 
-/// The closest pair among the edges (edge vectors `vec` [E,3]), refused if
-/// closer than `min_distance`, naming both atoms by their positions (the
-/// caller's coordinates: what a LAMMPS dump shows) and whether each is a
-/// ghost (a periodic or processor image, `contributing` false). Pairs with
-/// a contributing atom are named first: a ghost pair is an image of one.
-void check_min_distance(const at::Tensor& vec, const NeighborList& nl, double min_distance, const at::Tensor& positions,
-                        const at::Tensor& contributing) {
-  if (nl.num_edges() == 0) return;
-  const at::Tensor i = nl.edge_index[0], j = nl.edge_index[1];
-  const at::Tensor d = vec.norm(2, 1);
-  const at::Tensor owned = contributing.index_select(0, i).logical_or(contributing.index_select(0, j));
-  const at::Tensor named = at::where(owned, d, at::full_like(d, std::numeric_limits<double>::infinity()));
-  int64_t e = named.argmin().item<int64_t>();
-  if (!(named[e].item<double>() < min_distance)) e = d.argmin().item<int64_t>();
-  const double dmin = d[e].item<double>();
-  if (dmin < min_distance) {
-    auto atom = [&](int64_t k) {
-      const at::Tensor r = positions[k];
-      return fmt::format("({:.4f}, {:.4f}, {:.4f}){}", r[0].item<double>(), r[1].item<double>(), r[2].item<double>(),
-                         contributing[k].item<bool>() ? "" : " (a ghost: periodic or processor image)");
-    };
-    const int64_t a = std::min(i[e].item<int64_t>(), j[e].item<int64_t>());
-    const int64_t b = std::max(i[e].item<int64_t>(), j[e].item<int64_t>());
-    throw std::invalid_argument(fmt::format(
-        "atoms at {} and {} Å (particles {} and {}) are {:.6f} Å apart, closer than the model's minimum distance {:.6f} "
-        "Å (model.json min_distance_angstrom)",
-        atom(a), atom(b), a, b, dmin, min_distance));
-  }
+/// Refuses the pair (a, b) of the caller's particles, `d` Å apart, naming
+/// both by their positions (the caller's coordinates: what a LAMMPS dump
+/// shows) and whether each is a ghost (a periodic or processor image,
+/// `contributing` false).
+[[noreturn]] void refuse_close_pair(const double* positions, const bool* contributing, int64_t a, int64_t b, double d,
+                                    double min_distance) {
+  if (a > b) std::swap(a, b);
+  auto atom = [&](int64_t k) {
+    const double* r = positions + 3 * k;
+    return fmt::format("({:.4f}, {:.4f}, {:.4f}){}", r[0], r[1], r[2],
+                       contributing[k] ? "" : " (a ghost: periodic or processor image)");
+  };
+  throw std::invalid_argument(fmt::format(
+      "atoms at {} and {} Å (particles {} and {}) are {:.6f} Å apart, closer than the model's minimum distance {:.6f} "
+      "Å (model.json min_distance_angstrom)",
+      atom(a), atom(b), a, b, d, min_distance));
 }
 
 /// [E,6] Voigt (xx yy zz yz xz xy) of the symmetric part of [E,3,3].
@@ -66,82 +54,118 @@ int64_t message_passing_layers(const EnergyModel& model) {
   return std::max<int64_t>(1, std::llround(model.interaction_range() / model.cutoff()));
 }
 
-/// Hops from the nearest contributing atom over the edges of `nl` (a
-/// symmetric list), computed out to `cap`; farther atoms get cap + 1.
-std::vector<int64_t> hops_from_contributing(const NeighborList& nl, const at::Tensor& contributing, int64_t cap) {
-  const int64_t n = contributing.size(0), m = nl.num_edges();
-  const at::Tensor ei = nl.edge_index.to(at::kLong).contiguous();
-  const int64_t* recv = ei.data_ptr<int64_t>();
-  const int64_t* send = recv + m;
-  const at::Tensor c = contributing.contiguous();
-  const bool* cp = c.data_ptr<bool>();
-  std::vector<int64_t> d(static_cast<size_t>(n), cap + 1);
-  for (int64_t a = 0; a < n; ++a) {
-    if (cp[a]) d[static_cast<size_t>(a)] = 0;
-  }
-  for (int64_t k = 1; k <= cap; ++k) {
-    for (int64_t e = 0; e < m; ++e) {
-      const auto i = static_cast<size_t>(recv[e]), j = static_cast<size_t>(send[e]);
-      if (d[i] == k - 1 && d[j] > k) d[j] = k;
-      if (d[j] == k - 1 && d[i] > k) d[i] = k;
-    }
-  }
-  return d;
-}
-
-/// The part of a cluster the contributing energies depend on (see
-/// ClusterOptions::prune_padding): the kept atoms ordered by hops from the
-/// contributing ones (contributing first, then 1 hop, ...), the edges among
-/// them re-indexed and sorted by receiver, and each layer's node count.
+/// The particles and edges the contributing energies depend on (see
+/// ClusterOptions::prune_padding), gathered by a breadth-first walk over
+/// the caller's neighbor lists: the contributing particles first (the
+/// caller's order), then those 1 hop out, ... up to L hops; the lists of
+/// the particles within L - 1 hops alone are read, and their pairs closer
+/// than the cutoff are the edges, already sorted by receiver.
 struct PrunedCluster {
-  at::Tensor atoms;                  ///< [n'] int64, old index of each new one.
-  NeighborList nl;                   ///< edges whose receiver is within L - 1 hops.
-  std::vector<int64_t> layer_nodes;  ///< [L]: atoms within L - 1 - t hops (Batch::layer_nodes).
+  std::vector<int64_t> atoms;        ///< [n'] the caller's index of each evaluated particle, in evaluation order.
+  NeighborList nl;                   ///< edges among them (evaluation indices, by receiver), zero shifts.
+  std::vector<int64_t> layer_nodes;  ///< [L] particles within L - 1 - t hops (Batch::layer_nodes); empty = all.
 };
 
-PrunedCluster prune(const NeighborList& nl, const at::Tensor& contributing, int64_t layers) {
-  const std::vector<int64_t> d = hops_from_contributing(nl, contributing, layers);
-  const int64_t n = contributing.size(0), m = nl.num_edges();
-  // Atoms sorted by hops (stable: the caller's order within one hop count);
-  // those more than `layers` hops out are left out. by_hops.offsets[h] =
-  // atoms fewer than h hops out; d is at most layers + 1.
-  std::vector<int64_t> hop_key(static_cast<size_t>(n));
-  for (int64_t a = 0; a < n; ++a) {
-    const int64_t h = d[static_cast<size_t>(a)];
-    hop_key[static_cast<size_t>(a)] = h <= layers ? h : -1;
+/// The closest pair seen, as squared distance and the caller's indices.
+struct ClosestPair {
+  double d2 = std::numeric_limits<double>::infinity();
+  int64_t a = -1, b = -1;
+  void offer(double d, int64_t i, int64_t j) {
+    if (d < d2) {
+      d2 = d;
+      a = i;
+      b = j;
+    }
   }
-  const KeyGroups by_hops = counting_sort(hop_key.data(), n, layers + 1);
+};
+
+/// `prune` false: every particle receives (one level, no layer_nodes).
+/// @throws std::invalid_argument on a listed index outside [0, n), or a pair
+///         closer than `min_distance` (pairs with a contributing particle
+///         are named first: a ghost pair is an image of one).
+PrunedCluster gather(const double* x, const bool* contributing, int64_t n, const NeighborListSource& neighbors,
+                     double cutoff, int64_t layers, bool prune, const std::optional<double>& min_distance) {
+  const double cut2 = cutoff * cutoff;
+  const int64_t unreached = std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> hop(static_cast<size_t>(n), unreached);
   PrunedCluster p;
-  for (int64_t t = 0; t < layers; ++t) p.layer_nodes.push_back(by_hops.offsets[static_cast<size_t>(layers - t)]);
-  const std::vector<int64_t>& keep = by_hops.order;
-  const auto kept = static_cast<int64_t>(keep.size());
+  std::vector<int64_t>& order = p.atoms;
+  order.reserve(static_cast<size_t>(n));
+  for (int64_t a = 0; a < n; ++a) {
+    if (!prune || contributing[a]) {
+      hop[static_cast<size_t>(a)] = 0;
+      order.push_back(a);
+    }
+  }
+  std::vector<int64_t> receivers, senders;  // evaluation index of the receiver, caller's index of the sender
+  std::vector<int64_t> within;              // within[k]: particles within k hops
+  ClosestPair owned, any;
+  const int64_t levels = prune ? layers : 1;  // hops 0 .. L-1 receive
+  size_t begin = 0;
+  for (int64_t k = 0; k < levels; ++k) {
+    const size_t end = order.size();
+    within.push_back(static_cast<int64_t>(end));
+    for (size_t q = begin; q < end; ++q) {
+      const int64_t i = order[q];
+      int count = 0;
+      const int* list = nullptr;
+      neighbors(i, &count, &list);
+      const double* xi = x + 3 * i;
+      for (int c = 0; c < count; ++c) {
+        const int64_t j = list[c];
+        if (j < 0 || j >= n) {
+          throw std::invalid_argument(fmt::format("the neighbor list of particle {} names particle {}, not in [0, {})", i, j, n));
+        }
+        if (j == i) continue;
+        const double* xj = x + 3 * j;
+        const double dx = xj[0] - xi[0], dy = xj[1] - xi[1], dz = xj[2] - xi[2];
+        const double d2 = dx * dx + dy * dy + dz * dz;
+        if (!(d2 < cut2)) continue;
+        if (hop[static_cast<size_t>(j)] == unreached) {
+          hop[static_cast<size_t>(j)] = k + 1;
+          order.push_back(j);
+        }
+        receivers.push_back(static_cast<int64_t>(q));
+        senders.push_back(j);
+        if (contributing[i] || contributing[j]) owned.offer(d2, i, j);
+        any.offer(d2, i, j);
+      }
+    }
+    // The particles found at hop k + 1 in the caller's order (a simulator
+    // lists neighboring atoms near each other: better locality than the
+    // order of discovery).
+    std::sort(order.begin() + static_cast<std::ptrdiff_t>(end), order.end());
+    begin = end;
+  }
+  if (min_distance) {
+    const double m2 = *min_distance * *min_distance;
+    const ClosestPair& named = owned.d2 < m2 ? owned : any;
+    if (named.d2 < m2) refuse_close_pair(x, contributing, named.a, named.b, std::sqrt(named.d2), *min_distance);
+  }
+  if (prune) {
+    for (int64_t t = 0; t < layers; ++t) p.layer_nodes.push_back(within[static_cast<size_t>(layers - 1 - t)]);
+  }
   std::vector<int64_t> new_index(static_cast<size_t>(n), -1);
-  for (int64_t q = 0; q < kept; ++q) new_index[static_cast<size_t>(keep[static_cast<size_t>(q)])] = q;
-  // Edges into atoms within L - 1 hops (their senders are within L), sorted
-  // by new receiver (stable); the others' features at no layer matter.
-  const at::Tensor ei = nl.edge_index.to(at::kLong).contiguous();
-  const int64_t* recv = ei.data_ptr<int64_t>();
-  const int64_t* send = recv + m;
-  std::vector<int64_t> receiver_key(static_cast<size_t>(m));
-  for (int64_t e = 0; e < m; ++e) {
-    const auto r = static_cast<size_t>(recv[e]);
-    receiver_key[static_cast<size_t>(e)] = d[r] <= layers - 1 ? new_index[r] : -1;
-  }
-  const KeyGroups by_receiver = counting_sort(receiver_key.data(), m, kept);
-  const auto count = static_cast<int64_t>(by_receiver.order.size());
-  at::Tensor edge_index = at::empty({2, count}, at::kLong);
+  for (size_t q = 0; q < order.size(); ++q) new_index[static_cast<size_t>(order[q])] = static_cast<int64_t>(q);
+  const auto m = static_cast<int64_t>(receivers.size());
+  at::Tensor edge_index = at::empty({2, m}, at::kLong);
   int64_t* ri = edge_index.data_ptr<int64_t>();
-  int64_t* si = ri + count;
-  for (int64_t slot = 0; slot < count; ++slot) {
-    const int64_t e = by_receiver.order[static_cast<size_t>(slot)];
-    ri[slot] = receiver_key[static_cast<size_t>(e)];
-    si[slot] = new_index[static_cast<size_t>(send[e])];
+  int64_t* si = ri + m;
+  for (int64_t e = 0; e < m; ++e) {
+    ri[e] = receivers[static_cast<size_t>(e)];
+    si[e] = new_index[static_cast<size_t>(senders[static_cast<size_t>(e)])];
   }
-  const at::Tensor idx = at::tensor(by_receiver.order, at::kLong).view({count});
-  p.atoms = at::tensor(keep, at::kLong).view({kept});
+  // Each receiver's senders ascending, as in Crucible's own lists (the
+  // simulator's order is arbitrary): neighboring rows are read together.
+  for (int64_t e = 0; e < m;) {
+    int64_t f = e + 1;
+    while (f < m && ri[f] == ri[e]) ++f;
+    std::sort(si + e, si + f);
+    e = f;
+  }
   p.nl.edge_index = edge_index;
-  p.nl.shifts = nl.shifts.index_select(0, idx);
-  p.nl.shift_vectors = nl.shift_vectors.index_select(0, idx);
+  p.nl.shifts = at::zeros({m, 3}, at::kLong);
+  p.nl.shift_vectors = at::zeros({m, 3}, at::kDouble);
   return p;
 }
 
@@ -211,9 +235,10 @@ ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const Neigh
 
 }  // namespace
 
-ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, const at::Tensor& atomic_numbers,
-                               const at::Tensor& contributing, const ClusterOptions& options) {
-  const DenormalFlushGuard flush;  // the host's (LAMMPS, Python) setting comes back on return
+namespace {
+
+/// Shapes and dtypes of evaluate_cluster's inputs. @throws std::invalid_argument.
+void check_inputs(const at::Tensor& positions, const at::Tensor& atomic_numbers, const at::Tensor& contributing) {
   if (positions.dim() != 2 || positions.size(1) != 3 || positions.scalar_type() != at::kDouble) {
     throw std::invalid_argument("evaluate_cluster: positions must be [n,3] float64");
   }
@@ -224,23 +249,22 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
   if (contributing.dim() != 1 || contributing.size(0) != n || contributing.scalar_type() != at::kBool) {
     throw std::invalid_argument("evaluate_cluster: contributing must be [n] bool");
   }
-  const at::Tensor pos_cpu = positions.to(at::kCPU).contiguous();
-  check_known_elements(model.elements(), atomic_numbers);
+}
 
-  Structure s;
-  s.positions = pos_cpu;
-  s.atomic_numbers = atomic_numbers.to(at::kCPU).contiguous();
-  s.cell = at::zeros({3, 3}, at::kDouble);
-  s.pbc = {false, false, false};
-  NeighborList nl = build_neighbor_list(s.positions, s.cell, s.pbc, model.cutoff());
-  const at::Tensor contributing_cpu = contributing.to(at::kCPU);
-  if (options.min_distance) {  // on every pair, in the caller's indices
-    check_min_distance(pos_cpu.index_select(0, nl.edge_index[1]) - pos_cpu.index_select(0, nl.edge_index[0]), nl,
-                       *options.min_distance, pos_cpu, contributing_cpu);
-  }
-  at::Tensor kept;  // [n'] old indices of the atoms evaluated, in evaluation order; undefined = all
-  std::vector<int64_t> layer_nodes;
-  const int64_t num_contributing = contributing_cpu.sum().item<int64_t>();
+}  // namespace
+
+ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, const at::Tensor& atomic_numbers,
+                               const at::Tensor& contributing, const NeighborListSource& neighbors,
+                               const ClusterOptions& options) {
+  const DenormalFlushGuard flush;  // the host's (LAMMPS, Python) setting comes back on return
+  check_inputs(positions, atomic_numbers, contributing);
+  const int64_t n = positions.size(0);
+  const at::Tensor pos_cpu = positions.to(at::kCPU).contiguous();
+  const at::Tensor z_cpu = atomic_numbers.to(at::kCPU).contiguous();
+  const at::Tensor contributing_cpu = contributing.to(at::kCPU).contiguous();
+  check_known_elements(model.elements(), z_cpu);
+  const bool* cp = contributing_cpu.data_ptr<bool>();
+  const int64_t num_contributing = std::count(cp, cp + n, true);
   if (num_contributing == 0) {  // e.g. an MPI rank whose domain holds no atom
     ClusterResult none;
     none.forces = at::zeros({n, 3}, at::kDouble);
@@ -249,18 +273,19 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
     if (options.particle_virial) none.particle_virial = at::zeros({n, 6}, at::kDouble);
     return none;
   }
-  if (options.prune_padding && num_contributing < n) {
-    PrunedCluster p = prune(nl, contributing_cpu, message_passing_layers(model));
-    kept = p.atoms;
-    layer_nodes = std::move(p.layer_nodes);
-    nl = std::move(p.nl);
-    s.positions = pos_cpu.index_select(0, kept);
-    s.atomic_numbers = s.atomic_numbers.index_select(0, kept);
-  }
-  const ClusterResult pruned = evaluate_edges(
-      model, s, nl, kept.defined() ? contributing_cpu.index_select(0, kept) : contributing_cpu, layer_nodes, options);
-  if (!kept.defined()) return pruned;
+  const bool prune = options.prune_padding && num_contributing < n;
+  PrunedCluster p = gather(pos_cpu.data_ptr<double>(), cp, n, neighbors, model.cutoff(),
+                           message_passing_layers(model), prune, options.min_distance);
+  const at::Tensor kept = at::tensor(p.atoms, at::kLong);
+  Structure s;
+  s.positions = pos_cpu.index_select(0, kept);
+  s.atomic_numbers = z_cpu.index_select(0, kept);
+  s.cell = at::zeros({3, 3}, at::kDouble);
+  s.pbc = {false, false, false};
+  const ClusterResult pruned =
+      evaluate_edges(model, s, p.nl, contributing_cpu.index_select(0, kept), p.layer_nodes, options);
   ClusterResult out = pruned;  // back to the caller's n particles: those left out get zeros
+  out.layer_nodes = p.layer_nodes;
   out.forces = at::zeros({n, 3}, at::kDouble).index_copy_(0, kept, pruned.forces);
   if (pruned.particle_energy.defined()) {
     out.particle_energy = at::zeros({n}, at::kDouble).index_copy_(0, kept, pruned.particle_energy);
@@ -269,6 +294,32 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
     out.particle_virial = at::zeros({n, 6}, at::kDouble).index_copy_(0, kept, pruned.particle_virial);
   }
   return out;
+}
+
+ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, const at::Tensor& atomic_numbers,
+                               const at::Tensor& contributing, const ClusterOptions& options) {
+  check_inputs(positions, atomic_numbers, contributing);
+  const int64_t n = positions.size(0);
+  // Crucible's own list at the cutoff, as per-particle lists (edges come sorted by receiver).
+  const NeighborList nl = build_neighbor_list(positions.to(at::kCPU), at::zeros({3, 3}, at::kDouble),
+                                              {false, false, false}, model.cutoff());
+  const int64_t m = nl.num_edges();
+  const at::Tensor ei = nl.edge_index.to(at::kLong).contiguous();
+  const int64_t* recv = ei.data_ptr<int64_t>();
+  const int64_t* send = recv + m;
+  std::vector<int> list(static_cast<size_t>(m));
+  std::vector<int64_t> first(static_cast<size_t>(n) + 1, 0);
+  for (int64_t e = 0; e < m; ++e) {
+    list[static_cast<size_t>(e)] = static_cast<int>(send[e]);
+    ++first[static_cast<size_t>(recv[e]) + 1];
+  }
+  for (int64_t a = 0; a < n; ++a) first[static_cast<size_t>(a) + 1] += first[static_cast<size_t>(a)];
+  const NeighborListSource lists = [&](int64_t particle, int* count, const int** neighbors) {
+    const auto a = static_cast<size_t>(particle);
+    *count = static_cast<int>(first[a + 1] - first[a]);
+    *neighbors = list.data() + first[a];
+  };
+  return evaluate_cluster(model, positions, atomic_numbers, contributing, lists, options);
 }
 
 }  // namespace crucible

@@ -15,7 +15,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
+#include <random>
 
 namespace crucible {
 namespace {
@@ -174,6 +176,75 @@ TEST_P(ClusterTest, PruningThePaddingChangesNoResult) {
   const at::Tensor zero_force = pruned.forces.abs().sum(1) == 0;
   EXPECT_EQ(zero_force.sum().item<int64_t>(), count - pruned.evaluated_atoms);
   EXPECT_EQ(whole.forces.index({zero_force}).abs().max().item<double>(), 0.0);
+}
+
+/// Full per-particle lists of `positions` at `radius` (LAMMPS's cutoff +
+/// skin), each list in a shuffled order (seed), as a simulator may give them.
+struct SimulatorLists {
+  std::vector<std::vector<int>> lists;
+  NeighborListSource source() const {
+    return [this](int64_t particle, int* count, const int** neighbors) {
+      const auto& l = lists[static_cast<size_t>(particle)];
+      *count = static_cast<int>(l.size());
+      *neighbors = l.data();
+    };
+  }
+};
+
+SimulatorLists simulator_lists(const at::Tensor& positions, double radius, uint64_t seed) {
+  const NeighborList nl = build_neighbor_list(positions, at::zeros({3, 3}, at::kDouble), {false, false, false}, radius);
+  SimulatorLists s;
+  s.lists.resize(static_cast<size_t>(positions.size(0)));
+  for (int64_t e = 0; e < nl.num_edges(); ++e) {
+    s.lists[static_cast<size_t>(nl.edge_index[0][e].item<int64_t>())].push_back(
+        static_cast<int>(nl.edge_index[1][e].item<int64_t>()));
+  }
+  std::mt19937_64 gen(seed);
+  for (auto& l : s.lists) std::shuffle(l.begin(), l.end(), gen);
+  return s;
+}
+
+TEST_P(ClusterTest, SimulatorListsWithSkinEqualTheOwnList) {
+  // Issue 48: the KIM model reads LAMMPS's full lists (cutoff + skin, in
+  // LAMMPS's order) instead of building its own. Oracle: the overload that
+  // builds Crucible's list at the cutoff, on the same cluster.
+  const auto model = this->model();
+  const Structure s = testing::random_periodic(6, {13, 22}, 11, 1.8);
+  const Cluster c = cut_out(s, model->interaction_range() + 1.0);
+  ClusterOptions o;
+  o.particle_energy = o.virial = o.particle_virial = true;
+  const ClusterResult own = evaluate_cluster(*model, c.positions, c.atomic_numbers, c.contributing, o);
+  const SimulatorLists lists = simulator_lists(c.positions, model->cutoff() + 1.0, 3);
+  const ClusterResult r = evaluate_cluster(*model, c.positions, c.atomic_numbers, c.contributing, lists.source(), o);
+  EXPECT_EQ(r.evaluated_atoms, own.evaluated_atoms);
+  EXPECT_EQ(r.evaluated_edges, own.evaluated_edges);  // the skin's pairs are left out
+  EXPECT_EQ(r.layer_nodes, own.layer_nodes);
+  EXPECT_NEAR(r.energy, own.energy, kEnergyTolerance);
+  EXPECT_LT((r.forces - own.forces).abs().max().item<double>(), 1e-10);
+  EXPECT_LT((r.particle_energy - own.particle_energy).abs().max().item<double>(), 1e-10);
+  EXPECT_LT((r.virial - own.virial).abs().max().item<double>(), 1e-10);
+  EXPECT_LT((r.particle_virial - own.particle_virial).abs().max().item<double>(), 1e-10);
+  // Only what the contributing energies depend on: the layers' node counts
+  // are those within L - 1 - t hops, the last one the contributing atoms.
+  ASSERT_FALSE(r.layer_nodes.empty());
+  EXPECT_EQ(r.layer_nodes.back(), s.positions.size(0));
+  EXPECT_GT(r.layer_nodes.front(), r.layer_nodes.back());
+  EXPECT_LT(r.evaluated_atoms, c.positions.size(0));
+}
+
+TEST_P(ClusterTest, SimulatorListsNamingAParticleOutsideTheClusterAreRefused) {
+  const auto model = this->model();
+  const Structure s = testing::random_periodic(4, {13, 22}, 5, 1.8);
+  SimulatorLists lists = simulator_lists(s.positions, model->cutoff(), 1);
+  lists.lists[0].push_back(7);  // 4 particles
+  try {
+    evaluate_cluster(*model, s.positions, s.atomic_numbers, at::ones({4}, at::kBool), lists.source(), {});
+    FAIL() << "no error for particle 7";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("the neighbor list of particle 0 names particle 7, not in [0, 4)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_P(ClusterTest, OnlyPaddingGivesZerosWithoutRunningTheModel) {

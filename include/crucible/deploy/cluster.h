@@ -8,7 +8,9 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <optional>
+#include <vector>
 
 namespace crucible {
 
@@ -53,7 +55,34 @@ struct ClusterResult {
   at::Tensor particle_virial;
   int64_t evaluated_atoms = 0;  ///< particles the model ran on (after prune_padding).
   int64_t evaluated_edges = 0;  ///< directed edges it ran on.
+  /// [L] particles each message-passing layer ran on (Batch::layer_nodes);
+  /// empty where every layer ran on all evaluated_atoms.
+  std::vector<int64_t> layer_nodes;
 };
+
+/// A simulator's full neighbor lists, as KIM's GetNeighborList callback
+/// gives them: sets `*count` and `*neighbors` to the particles (indices in
+/// [0, n)) listed for `particle`. A list must hold every particle closer
+/// than the model's cutoff and may hold more (LAMMPS adds its skin): those
+/// are left out by distance. Lists are read for the contributing particles
+/// and for the padding particles within L - 1 hops of them (L message-
+/// passing layers), i.e. within (L - 1) · cutoff: KIM's
+/// modelWillNotRequestNeighborsOfNoncontributingParticles = 0. The pointer
+/// must stay valid until the next call. May throw (the exception passes).
+using NeighborListSource = std::function<void(int64_t particle, int* count, const int** neighbors)>;
+
+/// As below, with the edges taken from the simulator's neighbor lists
+/// `neighbors` instead of a neighbor list built here: the KIM model's
+/// compute (issue 48), which reads LAMMPS's lists and builds none of its
+/// own. Edges are the listed pairs closer than model.cutoff(), walked
+/// breadth-first from the contributing particles: only what a contributing
+/// energy depends on is read (ClusterOptions::prune_padding), and the
+/// minimum-distance check covers those pairs. Same results as the overload
+/// below to rounding (the edges' order may differ).
+/// @throws std::invalid_argument as below, or on a listed index outside [0, n).
+ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, const at::Tensor& atomic_numbers,
+                               const at::Tensor& contributing, const NeighborListSource& neighbors,
+                               const ClusterOptions& options);
 
 /// Energy, forces and virials of the non-periodic cluster `positions`
 /// ([n,3] Å, float64) / `atomic_numbers` ([n] int64), where only particles

@@ -19,8 +19,13 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <fstream>
+#include <unistd.h>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -29,14 +34,49 @@
 namespace crucible {
 namespace {
 
+/// Sums over this instance's compute calls, written at destroy to the file
+/// named by the environment variable CRUCIBLE_KIM_STATS (one line per
+/// instance, appended: one per MPI rank) for bench/run_md_scale.py.
+struct KimStats {
+  int64_t calls = 0;
+  double seconds = 0;  ///< wall time inside compute, s.
+  int64_t particles = 0, contributing = 0, evaluated = 0, edges = 0;
+  std::vector<int64_t> layer_nodes;  ///< per layer, summed over calls.
+
+  void add(int64_t n, int64_t owned, const ClusterResult& r, double s) {
+    ++calls;
+    seconds += s;
+    particles += n;
+    contributing += owned;
+    evaluated += r.evaluated_atoms;
+    edges += r.evaluated_edges;
+    if (layer_nodes.size() < r.layer_nodes.size()) layer_nodes.resize(r.layer_nodes.size(), 0);
+    for (size_t t = 0; t < r.layer_nodes.size(); ++t) layer_nodes[t] += r.layer_nodes[t];
+  }
+  /// "kim_stats pid=... calls=... particles=... contributing=... evaluated=...
+  /// edges=... layer_nodes=a,b seconds=..." (means per call, seconds summed).
+  std::string line() const {
+    const double c = static_cast<double>(std::max<int64_t>(1, calls));
+    std::string layers;
+    for (int64_t v : layer_nodes) layers += (layers.empty() ? "" : ",") + std::to_string(static_cast<double>(v) / c);
+    return "kim_stats pid=" + std::to_string(getpid()) + " calls=" + std::to_string(calls) +
+           " particles=" + std::to_string(particles / c) + " contributing=" + std::to_string(contributing / c) +
+           " evaluated=" + std::to_string(evaluated / c) + " edges=" + std::to_string(edges / c) +
+           " layer_nodes=" + (layers.empty() ? "all" : layers) + " seconds=" + std::to_string(seconds) + "\n";
+  }
+};
+
 /// What one KIM model instance holds.
 struct DriverBuffer {
   LoadedModel loaded;            ///< the model, in settings.json's dtype, eval mode.
   double influence_distance = 0;  ///< Å: the model's interaction range.
   double neighbor_cutoff = 0;     ///< Å: the model's cutoff (the list KIM is asked for).
-  int will_not_request_padding_neighbors = 1;  ///< Crucible builds its own edges.
+  /// 0: LAMMPS's lists are asked for the padding particles too, and are
+  /// the model's edges (issue 48: no neighbor list of its own each step).
+  int will_not_request_padding_neighbors = 0;
   std::vector<int64_t> code_to_z;  ///< KIM species code → atomic number.
   std::string name;                ///< "crucible KIM model (schnet)", for messages.
+  KimStats stats;                  ///< what the compute calls did, for CRUCIBLE_KIM_STATS.
 };
 
 /// Logs `message` through KIM and to stderr (LAMMPS shows only the latter).
@@ -87,9 +127,10 @@ int compute(KIM::ModelCompute const* const model_compute, KIM::ModelComputeArgum
     return 1;
   }
   try {
+    const auto t0 = std::chrono::steady_clock::now();
     const int64_t n = *n_ptr;
-    at::Tensor positions = at::empty({n, 3}, at::kDouble);
-    std::memcpy(positions.data_ptr<double>(), coordinates_ptr, static_cast<size_t>(n) * 3 * sizeof(double));
+    // The simulator's coordinates, read in place (evaluate_cluster copies what it keeps).
+    const at::Tensor positions = at::from_blob(const_cast<double*>(coordinates_ptr), {n, 3}, at::kDouble);
     at::Tensor z = at::empty({n}, at::kLong);
     at::Tensor mask = at::empty({n}, at::kBool);
     int64_t* zp = z.data_ptr<int64_t>();
@@ -103,12 +144,20 @@ int compute(KIM::ModelCompute const* const model_compute, KIM::ModelComputeArgum
     options.virial = virial != nullptr;
     options.particle_virial = particle_virial != nullptr;
     options.min_distance = buffer->loaded.meta.min_distance;
-    const ClusterResult r = evaluate_cluster(*buffer->loaded.model, positions, z, mask, options);
+    // LAMMPS's full lists (cutoff + skin, padding particles included).
+    const NeighborListSource lists = [args](int64_t particle, int* count, const int** neighbors) {
+      if (args->GetNeighborList(0, static_cast<int>(particle), count, neighbors)) {
+        throw std::runtime_error("the simulator gave no neighbor list for particle " + std::to_string(particle));
+      }
+    };
+    const ClusterResult r = evaluate_cluster(*buffer->loaded.model, positions, z, mask, lists, options);
     if (energy) *energy = r.energy;
     if (forces) copy_out(r.forces, forces);
     if (particle_energy) copy_out(r.particle_energy, particle_energy);
     if (virial) copy_out(r.virial, virial);
     if (particle_virial) copy_out(r.particle_virial, particle_virial);
+    buffer->stats.add(n, mask.sum().item<int64_t>(), r,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   } catch (const std::exception& e) {
     report(model_compute, buffer->name + ": " + e.what(), __LINE__);
     return 1;
@@ -119,6 +168,9 @@ int compute(KIM::ModelCompute const* const model_compute, KIM::ModelComputeArgum
 int destroy(KIM::ModelDestroy* const model_destroy) {
   DriverBuffer* buffer = nullptr;
   model_destroy->GetModelBufferPointer(reinterpret_cast<void**>(&buffer));
+  if (const char* path = std::getenv("CRUCIBLE_KIM_STATS"); path && *path && buffer->stats.calls > 0) {
+    std::ofstream(path, std::ios::app) << buffer->stats.line();
+  }
   delete buffer;
   return 0;
 }
@@ -179,11 +231,14 @@ extern "C" int crucible_kim_model_driver_create(KIM::ModelDriverCreate* const cr
     report(create, std::string("crucible KIM model: ") + e.what(), __LINE__);
     return 1;
   }
-  // Freed blocks of 16 MiB or more are kept for the next force call, as
-  // the crucible executables do: under lmp's glibc malloc each MD-sized
-  // temporary was mmap'd and page-faulted again on every call (issue 19).
-  // CRUCIBLE_DEFAULT_MALLOC=1 in the environment leaves LibTorch's allocator.
-  if (pin_this_library()) install_large_block_cache();
+  // Freed memory stays in the process for the next force call, as in the
+  // crucible executables (tune_allocator_for_training: glibc's mmap and trim
+  // thresholds raised, blocks of 16 MiB or more kept by the large block
+  // cache). Under lmp's glibc defaults every step's temporaries were mapped
+  // and page-faulted again: 1.29-1.42 s against 0.76-0.81 s for 5 steps of
+  // a 2048-atom SchNet (issue 48; issue 19 for the large blocks).
+  // CRUCIBLE_DEFAULT_MALLOC=1 in the environment leaves the host's malloc as it is.
+  if (pin_this_library()) tune_allocator_for_training();
   EnergyModel& model = *buffer->loaded.model;
   buffer->name = "crucible KIM model (" + buffer->loaded.meta.model_type + ")";
   buffer->neighbor_cutoff = model.cutoff();
