@@ -45,8 +45,9 @@
 // interaction range + 1 Å of skin as padding; energy, forces, virial; full
 // neighbor lists at cutoff + 1 Å built once, as LAMMPS's between rebuilds),
 // alternating, as a "cluster_side_by_side" line: the median ratio cluster
-// over API per atom, and the floor sum_t layer_nodes[t] / (L · atoms), what
-// the layers' unavoidable work on padding alone would give (issue 48).
+// over API per atom, and the floors sum_t work_t / (L · the API's work) by
+// atoms, edges and pairs (ClusterResult::layer_*; the periodic cell has
+// E / 2 pairs): what the layers' work on padding alone would give (issue 48).
 // --model-dir DIR loads a trained or exported model (model.json + model.pt,
 // as crucible evaluate does) instead of random weights; --dtype float64
 // evaluates in float64 (default float32): bench/run_md_scale.py's
@@ -458,16 +459,25 @@ int main(int argc, char** argv) {
       timed_cluster();
       std::vector<double> api, clu, ratio;
       alternate(cluster_rounds, timed_api, timed_cluster, api, clu, ratio);
-      double work = 0;
-      for (int64_t v : last.layer_nodes) work += static_cast<double>(v);
-      const double floor = last.layer_nodes.empty() ? 1.0 : work / static_cast<double>(last.layer_nodes.size() * n);
+      // Floors by atoms, edges and pairs (bench/run_md_scale.py kim_floors): the cluster's
+      // per-layer work over L times the periodic cell's (pairs = edges / 2 there).
+      auto floor_of = [&](const std::vector<int64_t>& v, double api_work) {
+        double work = 0;
+        for (int64_t x : v) work += static_cast<double>(x);
+        return v.empty() ? std::nan("") : work / (static_cast<double>(v.size()) * api_work);
+      };
+      const auto api_edges = static_cast<double>(batch.num_edges());
+      const double floor = floor_of(last.layer_nodes, static_cast<double>(n));
+      const double floor_edges = floor_of(last.layer_edges, api_edges);
+      const double floor_pairs = floor_of(last.layer_pairs, api_edges / 2);
       std::printf("cluster_side_by_side model=%s dtype=%s atoms=%lld particles=%lld evaluated=%lld rounds=%d "
                   "us_per_atom_api=%.2f us_per_atom_cluster=%.2f ratio_median=%.3f ratio_min=%.3f ratio_max=%.3f "
-                  "floor=%.3f\n",
+                  "floor_atoms=%.3f floor_edges=%.3f floor_pairs=%.3f\n",
                   model_name.c_str(), dtype == at::kDouble ? "float64" : "float32", static_cast<long long>(n),
                   static_cast<long long>(total), static_cast<long long>(last.evaluated_atoms), cluster_rounds,
                   1e6 * median(api) / n, 1e6 * median(clu) / n, median(ratio),
-                  *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()), floor);
+                  *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()), floor,
+                  floor_edges, floor_pairs);
       std::fflush(stdout);
     }
     if (top_ops > 0) {

@@ -40,13 +40,38 @@ namespace {
       atom(a), atom(b), a, b, d, min_distance));
 }
 
-/// [E,6] Voigt (xx yy zz yz xz xy) of the symmetric part of [E,3,3].
-at::Tensor voigt(const at::Tensor& m) {
-  return at::stack({m.select(1, 0).select(1, 0), m.select(1, 1).select(1, 1), m.select(1, 2).select(1, 2),
-                    0.5 * (m.select(1, 1).select(1, 2) + m.select(1, 2).select(1, 1)),
-                    0.5 * (m.select(1, 0).select(1, 2) + m.select(1, 2).select(1, 0)),
-                    0.5 * (m.select(1, 0).select(1, 1) + m.select(1, 1).select(1, 0))},
-                   1);
+/// The virial from the edge gradients `g` ([E,3] float64, ∂E/∂r_e) of the
+/// edges `edge_index` ([2,E]) of `positions` ([n,3] float64, r_e = r_j - r_i):
+/// w_e = sym(r_e ⊗ g_e) in Voigt order (xx yy zz yz xz xy), summed into
+/// `virial` ([6]) and split in halves between the two atoms into
+/// `particle_virial` ([n,6]) where those are defined. One pass over the edges.
+void edge_virials(const at::Tensor& positions, const at::Tensor& edge_index, const at::Tensor& g, at::Tensor* virial,
+                  at::Tensor* particle_virial) {
+  const at::Tensor ei = edge_index.to(at::kLong).contiguous();
+  const at::Tensor gc = g.contiguous();
+  const int64_t m = ei.size(1);
+  const int64_t* recv = ei.data_ptr<int64_t>();
+  const int64_t* send = recv + m;
+  const double* x = positions.data_ptr<double>();
+  const double* gp = gc.data_ptr<double>();
+  double* pv = particle_virial ? particle_virial->data_ptr<double>() : nullptr;
+  double total[6] = {0, 0, 0, 0, 0, 0};
+  for (int64_t e = 0; e < m; ++e) {
+    const double* a = x + 3 * recv[e];
+    const double* b = x + 3 * send[e];
+    const double r[3] = {b[0] - a[0], b[1] - a[1], b[2] - a[2]};
+    const double* ge = gp + 3 * e;
+    const double w[6] = {r[0] * ge[0], r[1] * ge[1], r[2] * ge[2], 0.5 * (r[1] * ge[2] + r[2] * ge[1]),
+                         0.5 * (r[0] * ge[2] + r[2] * ge[0]), 0.5 * (r[0] * ge[1] + r[1] * ge[0])};
+    for (int k = 0; k < 6; ++k) total[k] += w[k];
+    if (pv) {
+      for (int k = 0; k < 6; ++k) {
+        pv[6 * recv[e] + k] += 0.5 * w[k];
+        pv[6 * send[e] + k] += 0.5 * w[k];
+      }
+    }
+  }
+  if (virial) *virial = at::tensor(std::vector<double>(total, total + 6), at::kDouble);
 }
 
 /// Message-passing layers L of `model`: interaction_range / cutoff, at least 1.
@@ -64,6 +89,8 @@ struct PrunedCluster {
   std::vector<int64_t> atoms;        ///< [n'] the caller's index of each evaluated particle, in evaluation order.
   NeighborList nl;                   ///< edges among them (evaluation indices, by receiver), zero shifts.
   std::vector<int64_t> layer_nodes;  ///< [L] particles within L - 1 - t hops (Batch::layer_nodes); empty = all.
+  std::vector<int64_t> layer_edges;  ///< [L] edges into layer t's nodes (ClusterResult::layer_edges).
+  std::vector<int64_t> layer_pairs;  ///< [L] distinct pairs among them (ClusterResult::layer_pairs).
 };
 
 /// The closest pair seen, as squared distance and the caller's indices.
@@ -155,6 +182,20 @@ PrunedCluster gather(const double* x, const bool* contributing, int64_t n, const
     ri[e] = receivers[static_cast<size_t>(e)];
     si[e] = new_index[static_cast<size_t>(senders[static_cast<size_t>(e)])];
   }
+  // Layer t's edges, and its pairs: an edge whose sender is also one of
+  // layer t's nodes has its reverse in the layer too (that sender's list
+  // was read), and the two share one pair.
+  for (const int64_t nodes : p.layer_nodes) {
+    int64_t edges = 0, shared = 0;
+    for (int64_t e = 0; e < m; ++e) {
+      if (ri[e] < nodes) {
+        ++edges;
+        shared += si[e] < nodes ? 1 : 0;
+      }
+    }
+    p.layer_edges.push_back(edges);
+    p.layer_pairs.push_back(edges - shared / 2);
+  }
   // Each receiver's senders ascending, as in Crucible's own lists (the
   // simulator's order is arbitrary): neighboring rows are read together.
   for (int64_t e = 0; e < m;) {
@@ -177,9 +218,6 @@ ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const Neigh
   const int64_t n = s.positions.size(0);
   const at::Tensor& pos_cpu = s.positions;
   const bool want_virial = options.virial || options.particle_virial;
-  // Edge vectors r_e = r_j - r_i [E,3] (no shifts: a cluster), for the virials.
-  at::Tensor vec;
-  if (want_virial) vec = pos_cpu.index_select(0, nl.edge_index[1]) - pos_cpu.index_select(0, nl.edge_index[0]);
 
   const auto params = model.module().parameters();
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().device();
@@ -223,12 +261,10 @@ ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const Neigh
   if (want_virial) {
     const at::Tensor g = grads[1].defined() ? grads[1].to(at::kCPU, at::kDouble)
                                             : at::zeros({nl.num_edges(), 3}, at::kDouble);
-    const at::Tensor i = nl.edge_index[0], j = nl.edge_index[1];
-    const at::Tensor w = voigt(vec.unsqueeze(2) * g.unsqueeze(1));  // r_e ⊗ ∂E/∂r_e [E,6]
-    if (options.virial) out.virial = w.sum(0).contiguous();
-    if (options.particle_virial) {
-      out.particle_virial = at::zeros({n, 6}, at::kDouble).index_add_(0, i, 0.5 * w).index_add_(0, j, 0.5 * w);
-    }
+    // r_e ⊗ ∂E/∂r_e per edge (r_e = r_j - r_i: no shifts in a cluster).
+    if (options.particle_virial) out.particle_virial = at::zeros({n, 6}, at::kDouble);
+    edge_virials(pos_cpu, nl.edge_index, g, options.virial ? &out.virial : nullptr,
+                 options.particle_virial ? &out.particle_virial : nullptr);
   }
   return out;
 }
@@ -286,6 +322,8 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
       evaluate_edges(model, s, p.nl, contributing_cpu.index_select(0, kept), p.layer_nodes, options);
   ClusterResult out = pruned;  // back to the caller's n particles: those left out get zeros
   out.layer_nodes = p.layer_nodes;
+  out.layer_edges = p.layer_edges;
+  out.layer_pairs = p.layer_pairs;
   out.forces = at::zeros({n, 3}, at::kDouble).index_copy_(0, kept, pruned.forces);
   if (pruned.particle_energy.defined()) {
     out.particle_energy = at::zeros({n}, at::kDouble).index_copy_(0, kept, pruned.particle_energy);

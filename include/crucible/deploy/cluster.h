@@ -58,6 +58,14 @@ struct ClusterResult {
   /// [L] particles each message-passing layer ran on (Batch::layer_nodes);
   /// empty where every layer ran on all evaluated_atoms.
   std::vector<int64_t> layer_nodes;
+  /// [L] edges layer t ran on (those into its layer_nodes); empty as above.
+  std::vector<int64_t> layer_edges;
+  /// [L] distinct pairs among layer t's edges: a pair counts once where both
+  /// directions are among them (SchNet's filter network and MACE's radial
+  /// splines run once per pair), twice where the reverse edge's receiver is
+  /// outside the layer's nodes (a padding particle's outward edges). A
+  /// periodic structure has half its edges as pairs. Empty as above.
+  std::vector<int64_t> layer_pairs;
 };
 
 /// A simulator's full neighbor lists, as KIM's GetNeighborList callback

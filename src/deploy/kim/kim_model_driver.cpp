@@ -18,6 +18,7 @@
 #include "KIM_ModelDriverHeaders.hpp"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -41,8 +42,13 @@ struct KimStats {
   int64_t calls = 0;
   double seconds = 0;  ///< wall time inside compute, s.
   int64_t particles = 0, contributing = 0, evaluated = 0, edges = 0;
-  std::vector<int64_t> layer_nodes;  ///< per layer, summed over calls.
+  /// Per layer, summed over calls: ClusterResult's layer_nodes, layer_edges, layer_pairs.
+  std::vector<int64_t> layer_nodes, layer_edges, layer_pairs;
 
+  static void accumulate(std::vector<int64_t>& sum, const std::vector<int64_t>& v) {
+    if (sum.size() < v.size()) sum.resize(v.size(), 0);
+    for (size_t t = 0; t < v.size(); ++t) sum[t] += v[t];
+  }
   void add(int64_t n, int64_t owned, const ClusterResult& r, double s) {
     ++calls;
     seconds += s;
@@ -50,19 +56,27 @@ struct KimStats {
     contributing += owned;
     evaluated += r.evaluated_atoms;
     edges += r.evaluated_edges;
-    if (layer_nodes.size() < r.layer_nodes.size()) layer_nodes.resize(r.layer_nodes.size(), 0);
-    for (size_t t = 0; t < r.layer_nodes.size(); ++t) layer_nodes[t] += r.layer_nodes[t];
+    accumulate(layer_nodes, r.layer_nodes);
+    accumulate(layer_edges, r.layer_edges);
+    accumulate(layer_pairs, r.layer_pairs);
   }
   /// "kim_stats pid=... calls=... particles=... contributing=... evaluated=...
-  /// edges=... layer_nodes=a,b seconds=..." (means per call, seconds summed).
+  /// edges=... layer_nodes=a,b layer_edges=a,b layer_pairs=a,b seconds=..."
+  /// (means per call; "all" where every layer ran on everything; seconds summed).
   std::string line() const {
     const double c = static_cast<double>(std::max<int64_t>(1, calls));
-    std::string layers;
-    for (int64_t v : layer_nodes) layers += (layers.empty() ? "" : ",") + std::to_string(static_cast<double>(v) / c);
-    return "kim_stats pid=" + std::to_string(getpid()) + " calls=" + std::to_string(calls) +
-           " particles=" + std::to_string(particles / c) + " contributing=" + std::to_string(contributing / c) +
-           " evaluated=" + std::to_string(evaluated / c) + " edges=" + std::to_string(edges / c) +
-           " layer_nodes=" + (layers.empty() ? "all" : layers) + " seconds=" + std::to_string(seconds) + "\n";
+    auto mean = [c](double v) { return fmt::format("{:.1f}", v / c); };
+    auto layers = [&](const std::vector<int64_t>& v) {
+      std::string out;
+      for (int64_t x : v) out += (out.empty() ? "" : ",") + mean(static_cast<double>(x));
+      return out.empty() ? std::string("all") : out;
+    };
+    return fmt::format(
+        "kim_stats pid={} calls={} particles={} contributing={} evaluated={} edges={} layer_nodes={} layer_edges={} "
+        "layer_pairs={} seconds={:.6f}\n",
+        getpid(), calls, mean(static_cast<double>(particles)), mean(static_cast<double>(contributing)),
+        mean(static_cast<double>(evaluated)), mean(static_cast<double>(edges)), layers(layer_nodes),
+        layers(layer_edges), layers(layer_pairs), seconds);
   }
 };
 
