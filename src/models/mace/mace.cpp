@@ -368,12 +368,16 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
       // Inference path: the monomials ([N, M_ν, C], ~100 KB per atom at
       // ν = 3) exist for one chunk of nodes at a time (issue 19).
       auto weights = product_weights_[ts];
-      auto product = [Lp, stacked, indices, weights, elem, joined](const at::Tensor& A_rows, int64_t b, int64_t e) {
+      // The engine's sparse contraction with the radial splines; the exact
+      // reference path keeps the dense products (issue 48).
+      const bool sparse = A.device().is_cpu() && radial_spline_enabled();
+      auto product = [Lp, stacked, indices, weights, elem, joined, sparse](const at::Tensor& A_rows, int64_t b,
+                                                                           int64_t e) {
         const at::Tensor el = elem.slice(0, b, e);
         std::vector<std::vector<at::Tensor>> w(weights.size());
         for (size_t o = 0; o < weights.size(); ++o)
           for (const auto& W : weights[o]) w[o].push_back(W.defined() ? W.index_select(0, el) : at::Tensor());
-        return joined(mace::symmetric_contraction_fast(A_rows, *Lp->table, stacked, indices, w));
+        return joined(mace::symmetric_contraction_fast(A_rows, *Lp->table, stacked, indices, w, sparse));
       };
       all = checkpointed_rows(A, rows_chunk, product);
     } else if (A.size(0) > 16 * inference_edge_chunk()) {

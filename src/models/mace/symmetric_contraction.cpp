@@ -4,6 +4,7 @@
 #include "crucible/models/mace/symmetric_contraction.h"
 #include "crucible/models/cfconv.h"
 #include "crucible/models/mace/clebsch_gordan.h"
+#include "crucible/models/sparse_rows.h"
 
 #include <algorithm>
 #include <functional>
@@ -326,7 +327,8 @@ MonomialTable monomial_table(const std::vector<std::vector<const SymmetricBasis*
 std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const MonomialTable& table,
                                                    const std::vector<at::Tensor>& stacked_coeffs,
                                                    const std::vector<at::Tensor>& indices,
-                                                   const std::vector<std::vector<at::Tensor>>& weights) {
+                                                   const std::vector<std::vector<at::Tensor>>& weights,
+                                                   bool sparse) {
   const int64_t N = x.size(0), C = x.size(2);
   const size_t num_out = weights.size();
   // Component-major layout [D, N, C]: every monomial is a contiguous [N, C]
@@ -349,7 +351,10 @@ std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const Mo
                  .view({-1, N, C});
     }
     if (!stacked_coeffs[v].defined()) continue;
-    const at::Tensor B = at::mm(stacked_coeffs[v], mono.view({mono.size(0), N * C})).view({-1, N, C});  // [R, N, C]
+    const at::Tensor flat = mono.view({mono.size(0), N * C});
+    const at::Tensor B = (sparse ? sparse_row_combination(stacked_coeffs[v], flat)  // P_ν's nonzeros only
+                                 : at::mm(stacked_coeffs[v], flat))
+                             .view({-1, N, C});  // [R, N, C]
     // One split, not a narrow per output: a narrow's backward writes a
     // zero-filled gradient of all of B ([R, N, C]) per output and adds them.
     std::vector<int64_t> rows;
