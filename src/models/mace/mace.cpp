@@ -379,7 +379,21 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
           for (const auto& W : weights[o]) w[o].push_back(W.defined() ? W.index_select(0, el) : at::Tensor());
         return joined(mace::symmetric_contraction_fast(A_rows, *Lp->table, stacked, indices, w, sparse));
       };
-      all = checkpointed_rows(A, rows_chunk, product);
+      // The engine differentiates it by hand (no monomials of the top
+      // degree rebuilt, no autograd graph per chunk); the exact path by
+      // autograd on the recomputed chunk.
+      auto vjp = [Lp, stacked, indices, weights, elem, sparse](const at::Tensor& A_rows, const at::Tensor& gy_rows,
+                                                               int64_t b, int64_t e) {
+        const at::Tensor el = elem.slice(0, b, e);
+        std::vector<std::vector<at::Tensor>> w(weights.size());
+        for (size_t o = 0; o < weights.size(); ++o)
+          for (const auto& W : weights[o]) w[o].push_back(W.defined() ? W.index_select(0, el) : at::Tensor());
+        std::vector<int64_t> dims;
+        for (const auto& term : Lp->out.terms()) dims.push_back(term.irrep.dim());
+        const std::vector<at::Tensor> gy = at::split_with_sizes(gy_rows, dims, 1);
+        return mace::symmetric_contraction_fast_vjp(A_rows, *Lp->table, stacked, indices, w, gy, sparse);
+      };
+      all = sparse ? checkpointed_rows(A, rows_chunk, product, vjp) : checkpointed_rows(A, rows_chunk, product);
     } else if (A.size(0) > 16 * inference_edge_chunk()) {
       // Training path at MD scale (more than 16384 nodes by default): the
       // monomials and their first and second derivatives exist for one

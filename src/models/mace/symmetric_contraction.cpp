@@ -375,4 +375,51 @@ std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const Mo
   return y;
 }
 
+at::Tensor symmetric_contraction_fast_vjp(const at::Tensor& x, const MonomialTable& table,
+                                          const std::vector<at::Tensor>& stacked_coeffs,
+                                          const std::vector<at::Tensor>& indices,
+                                          const std::vector<std::vector<at::Tensor>>& weights,
+                                          const std::vector<at::Tensor>& gy, bool sparse) {
+  const int64_t N = x.size(0), D = x.size(1), C = x.size(2);
+  const size_t num_out = weights.size(), top = static_cast<size_t>(table.max_nu);
+  const at::Tensor xt = x.transpose(0, 1).contiguous().view({D, N * C});  // [D, N·C]
+  // The monomials of degrees 1 .. max_nu - 1, as the forward builds them.
+  std::vector<at::Tensor> mono(top);
+  for (size_t v = 0; v + 1 < top; ++v) {
+    mono[v] = v == 0 ? xt.index_select(0, indices[0])
+                     : edge_product(mono[v - 1], xt, indices[v].select(1, 0).contiguous(),
+                                    indices[v].select(1, 1).contiguous());
+  }
+  at::Tensor gx = at::zeros({D, N * C}, x.options());
+  at::Tensor g_up;  // ∂/∂M_{ν} carried down from degree ν + 1
+  for (size_t v = top; v-- > 0;) {
+    at::Tensor g = g_up;  // [M_ν, N·C] or undefined
+    if (stacked_coeffs[v].defined()) {
+      // gB[o, k] = gy[o] ⊙ W[k], rows as in the forward's stacked coefficients.
+      std::vector<at::Tensor> parts;
+      for (size_t o = 0; o < num_out; ++o) {
+        const int64_t K = table.num_basis[v][o], O = table.out_dims[v][o];
+        if (K == 0) continue;
+        const at::Tensor g_o = gy[o].transpose(0, 1);                    // [O, N, C]
+        const at::Tensor w = weights[o][v].transpose(0, 1);              // [K, N, C]
+        parts.push_back((g_o.unsqueeze(1) * w.unsqueeze(0)).reshape({O * K, N * C}));
+      }
+      const at::Tensor gB = parts.size() == 1 ? parts[0] : at::cat(parts, 0);  // [R, N·C]
+      const at::Tensor pt = stacked_coeffs[v].t().contiguous();             // [M, R]
+      const at::Tensor gm = sparse ? sparse_row_combination(pt, gB) : at::mm(pt, gB);
+      g = g.defined() ? g.add_(gm) : gm;
+    }
+    g_up = at::Tensor();
+    if (!g.defined()) continue;
+    if (v == 0) {
+      gx.index_add_(0, indices[0], g);
+    } else {
+      const at::Tensor p = indices[v].select(1, 0).contiguous(), q = indices[v].select(1, 1).contiguous();
+      g_up = at::zeros({mono[v - 1].size(0), N * C}, x.options()).index_add_(0, p, g * xt.index_select(0, q));
+      gx.index_add_(0, q, g * mono[v - 1].index_select(0, p));
+    }
+  }
+  return gx.view({D, N, C}).transpose(0, 1).contiguous();
+}
+
 }  // namespace crucible::mace

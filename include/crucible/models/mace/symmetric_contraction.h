@@ -114,4 +114,20 @@ std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const Mo
                                                    const std::vector<std::vector<at::Tensor>>& weights,
                                                    bool sparse = false);
 
+/// ∂/∂x of symmetric_contraction_fast (same arguments; the weights held
+/// constant) for the output gradients `gy` (per output irrep [N, O, C]) by
+/// the hand-written reverse of its recursion (issue 48's engine): gB =
+/// gy ⊙ W per basis function, gM_ν = P_νᵀ gB (sparse_row_combination when
+/// `sparse`), then down the monomial tree M_ν[m] = M_{ν-1}[p] ⊙ x[q]:
+/// gM_{ν-1}[p] += gM_ν[m] ⊙ x[q] and gx[q] += gM_ν[m] ⊙ M_{ν-1}[p]. Only
+/// the monomials below the top degree are rebuilt (the top degree's are
+/// the most numerous: 355 of 494 at l ≤ 3, ν ≤ 3), no autograd graph.
+/// Equal to autograd's derivative of symmetric_contraction_fast to
+/// rounding. @returns [N, D, C] in x's dtype. No gradients through it.
+at::Tensor symmetric_contraction_fast_vjp(const at::Tensor& x, const MonomialTable& table,
+                                          const std::vector<at::Tensor>& stacked_coeffs,
+                                          const std::vector<at::Tensor>& indices,
+                                          const std::vector<std::vector<at::Tensor>>& weights,
+                                          const std::vector<at::Tensor>& gy, bool sparse);
+
 }  // namespace crucible::mace
