@@ -541,12 +541,10 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
       if (splined) pair_r = r.unsqueeze(1);
     }
     if (!splined) {
-      edge_feats = mace_basis()
-                       ? mace::bessel_basis(r, bessel_weights_, bessel_prefactor_) *
-                             mace::polynomial_envelope(r / cutoff_r_max_.to(r.options()), options_.num_polynomial_cutoff)
-                                 .unsqueeze(-1)
-                       : mace::bessel_basis(r, options_.cutoff, options_.num_bessel) *
-                             mace::polynomial_cutoff(r, options_.cutoff, options_.num_polynomial_cutoff).unsqueeze(-1);
+      const bool file = mace_basis();
+      edge_feats = mace::radial_embedding(r, options_.cutoff, options_.num_bessel, options_.num_polynomial_cutoff,
+                                          file ? bessel_weights_ : at::Tensor(), file ? bessel_prefactor_ : at::Tensor(),
+                                          file ? cutoff_r_max_ : at::Tensor());
     }
     if (!ref && !chunked) {
       // Parameter-free coupling tables, once per distinct layer input.

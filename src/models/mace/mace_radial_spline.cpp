@@ -58,16 +58,13 @@ std::shared_ptr<const mace::RadialSpline> MaceImpl::radial_spline(int64_t t) con
   const at::Tensor pref = mace_file ? bessel_prefactor_.detach().to(at::kCPU, at::kDouble) : at::Tensor();
   const at::Tensor rmax = mace_file ? cutoff_r_max_.detach().to(at::kCPU, at::kDouble) : at::Tensor();
   const MaceOptions o = options_;
-  auto f = [Wd, mace_file, freq, pref, rmax, o](const at::Tensor& r_in) {
+  auto f = [Wd, freq, pref, rmax, o](const at::Tensor& r_in) {
     at::Tensor h, dh, d2h;
     {
       at::AutoGradMode grad(true);
       const at::Tensor r = r_in.detach().clone().requires_grad_(true);
       const at::Tensor feats =
-          mace_file ? mace::bessel_basis(r, freq, pref) *
-                          mace::polynomial_envelope(r / rmax, o.num_polynomial_cutoff).unsqueeze(-1)
-                    : mace::bessel_basis(r, o.cutoff, o.num_bessel) *
-                          mace::polynomial_cutoff(r, o.cutoff, o.num_polynomial_cutoff).unsqueeze(-1);
+          mace::radial_embedding(r, o.cutoff, o.num_bessel, o.num_polynomial_cutoff, freq, pref, rmax);
       std::vector<at::Tensor> first, second;
       for (int64_t j = 0; j < feats.size(1); ++j) {
         const at::Tensor g1 = torch::autograd::grad({feats.select(1, j).sum()}, {r}, {}, /*retain_graph=*/true,

@@ -66,4 +66,13 @@ double normalized_silu_factor() {
   return factor;
 }
 
+at::Tensor radial_embedding(const at::Tensor& r, double cutoff, int64_t num_bessel, int64_t p,
+                            const at::Tensor& frequencies, const at::Tensor& prefactor, const at::Tensor& r_max) {
+  if (frequencies.defined() && prefactor.defined() && r_max.defined()) {
+    return bessel_basis(r, frequencies.to(r.options()), prefactor.to(r.options())) *
+           polynomial_envelope(r / r_max.to(r.options()), p).unsqueeze(-1);
+  }
+  return bessel_basis(r, cutoff, num_bessel) * polynomial_cutoff(r, cutoff, p).unsqueeze(-1);
+}
+
 }  // namespace crucible::mace

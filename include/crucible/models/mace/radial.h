@@ -41,6 +41,16 @@ at::Tensor polynomial_cutoff(const at::Tensor& r, double r_max, int64_t p);
 /// @throws std::invalid_argument if p < 1.
 at::Tensor polynomial_envelope(const at::Tensor& x, int64_t p);
 
+/// A layer's radial input, the embedding e(r) = b(r) · f(r) [P, n] of the
+/// distances r [P] (Å), in its two forms (MACE's RadialEmbeddingBlock):
+/// where `frequencies`, `prefactor` and `r_max` are defined (an imported
+/// model's stored buffers, cast to r's dtype and device),
+/// bessel_basis(r, frequencies, prefactor) · polynomial_envelope(r / r_max, p);
+/// otherwise bessel_basis(r, cutoff, num_bessel) · polynomial_cutoff(r,
+/// cutoff, p). Differentiable. @throws as the functions it calls.
+at::Tensor radial_embedding(const at::Tensor& r, double cutoff, int64_t num_bessel, int64_t p,
+                            const at::Tensor& frequencies, const at::Tensor& prefactor, const at::Tensor& r_max);
+
 /// The factor c with E[(c · silu(z))²] = 1 for z ~ N(0, 1) (e3nn's
 /// normalize2mom, which MACE's radial MLP and readout use): c ≈ 1.6765.
 /// Computed once by trapezoidal quadrature on [-12, 12] (error < 1e-12).
