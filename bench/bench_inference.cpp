@@ -426,23 +426,10 @@ int main(int argc, char** argv) {
       const at::Tensor z = at::full({total}, 29, at::kLong);
       const at::Tensor contributing = at::arange(total, at::kLong) < n;
       // Full lists at cutoff + skin built once, as LAMMPS keeps its lists between rebuilds.
-      const NeighborList lists = build_neighbor_list(cluster, at::zeros({3, 3}, at::kDouble), {false, false, false},
-                                                     model->cutoff() + 1.0);
-      std::vector<int> senders(static_cast<size_t>(lists.num_edges()));
-      std::vector<int64_t> first(static_cast<size_t>(total) + 1, 0);
-      {
-        const at::Tensor ei = lists.edge_index.contiguous();
-        const int64_t* r = ei.data_ptr<int64_t>();
-        for (int64_t e = 0; e < lists.num_edges(); ++e) {
-          senders[static_cast<size_t>(e)] = static_cast<int>(r[lists.num_edges() + e]);
-          ++first[static_cast<size_t>(r[e]) + 1];
-        }
-        for (int64_t a = 0; a < total; ++a) first[static_cast<size_t>(a) + 1] += first[static_cast<size_t>(a)];
-      }
-      const NeighborListSource source = [&](int64_t particle, int* count, const int** neighbors) {
-        *count = static_cast<int>(first[static_cast<size_t>(particle) + 1] - first[static_cast<size_t>(particle)]);
-        *neighbors = senders.data() + first[static_cast<size_t>(particle)];
-      };
+      const ParticleLists lists = particle_lists(
+          build_neighbor_list(cluster, at::zeros({3, 3}, at::kDouble), {false, false, false}, model->cutoff() + 1.0),
+          total);
+      const NeighborListSource source = lists.source();
       ClusterOptions options;
       options.virial = true;
       ClusterResult last;

@@ -338,26 +338,41 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
                                const at::Tensor& contributing, const ClusterOptions& options) {
   check_inputs(positions, atomic_numbers, contributing);
   const int64_t n = positions.size(0);
-  // Crucible's own list at the cutoff, as per-particle lists (edges come sorted by receiver).
-  const NeighborList nl = build_neighbor_list(positions.to(at::kCPU), at::zeros({3, 3}, at::kDouble),
-                                              {false, false, false}, model.cutoff());
+  // Crucible's own list at the cutoff, as per-particle lists.
+  const ParticleLists lists = particle_lists(build_neighbor_list(positions.to(at::kCPU), at::zeros({3, 3}, at::kDouble),
+                                                                 {false, false, false}, model.cutoff()),
+                                             n);
+  return evaluate_cluster(model, positions, atomic_numbers, contributing, lists.source(), options);
+}
+
+NeighborListSource ParticleLists::source() const {
+  return [this](int64_t particle, int* count, const int** neighbors) {
+    const auto a = static_cast<size_t>(particle);
+    *count = static_cast<int>(first[a + 1] - first[a]);
+    *neighbors = senders.data() + first[a];
+  };
+}
+
+ParticleLists particle_lists(const NeighborList& nl, int64_t n) {
   const int64_t m = nl.num_edges();
   const at::Tensor ei = nl.edge_index.to(at::kLong).contiguous();
   const int64_t* recv = ei.data_ptr<int64_t>();
   const int64_t* send = recv + m;
-  std::vector<int> list(static_cast<size_t>(m));
-  std::vector<int64_t> first(static_cast<size_t>(n) + 1, 0);
+  ParticleLists p;
+  p.senders.resize(static_cast<size_t>(m));
+  p.first.assign(static_cast<size_t>(n) + 1, 0);
   for (int64_t e = 0; e < m; ++e) {
-    list[static_cast<size_t>(e)] = static_cast<int>(send[e]);
-    ++first[static_cast<size_t>(recv[e]) + 1];
+    if (recv[e] < 0 || recv[e] >= n || send[e] < 0 || send[e] >= n) {
+      throw std::invalid_argument(fmt::format("particle_lists: edge {} names a particle outside [0, {})", e, n));
+    }
+    if (e > 0 && recv[e] < recv[e - 1]) {
+      throw std::invalid_argument(fmt::format("particle_lists: the edges' receivers are not sorted (edge {})", e));
+    }
+    p.senders[static_cast<size_t>(e)] = static_cast<int>(send[e]);
+    ++p.first[static_cast<size_t>(recv[e]) + 1];
   }
-  for (int64_t a = 0; a < n; ++a) first[static_cast<size_t>(a) + 1] += first[static_cast<size_t>(a)];
-  const NeighborListSource lists = [&](int64_t particle, int* count, const int** neighbors) {
-    const auto a = static_cast<size_t>(particle);
-    *count = static_cast<int>(first[a + 1] - first[a]);
-    *neighbors = list.data() + first[a];
-  };
-  return evaluate_cluster(model, positions, atomic_numbers, contributing, lists, options);
+  for (int64_t a = 0; a < n; ++a) p.first[static_cast<size_t>(a) + 1] += p.first[static_cast<size_t>(a)];
+  return p;
 }
 
 }  // namespace crucible

@@ -5,6 +5,7 @@
 // domain. Design: docs/deployment_kim.md.
 
 #include "crucible/models/energy_model.h"
+#include "crucible/neighbors/neighbor_list.h"
 
 #include <ATen/ATen.h>
 
@@ -78,6 +79,22 @@ struct ClusterResult {
 /// modelWillNotRequestNeighborsOfNoncontributingParticles = 0. The pointer
 /// must stay valid until the next call. May throw (the exception passes).
 using NeighborListSource = std::function<void(int64_t particle, int* count, const int** neighbors)>;
+
+/// Per-particle lists of a NeighborList's edges (each receiver's senders, in
+/// the list's order), readable as a NeighborListSource: a simulator's lists
+/// made here (the overload below, tests, bench_inference --cluster-rounds).
+struct ParticleLists {
+  std::vector<int64_t> first;  ///< [n + 1] offsets of each particle's list in `senders`.
+  std::vector<int> senders;    ///< [E] sender (edge_index[1]) of each edge.
+  /// The lists as a NeighborListSource; valid while this object lives.
+  NeighborListSource source() const;
+};
+
+/// The lists of `nl` (edges sorted by receiver, as build_neighbor_list
+/// gives them) over `n` particles.
+/// @throws std::invalid_argument if the receivers are not sorted or an
+///         edge names a particle outside [0, n).
+ParticleLists particle_lists(const NeighborList& nl, int64_t n);
 
 /// As below, with the edges taken from the simulator's neighbor lists
 /// `neighbors` instead of a neighbor list built here: the KIM model's

@@ -363,35 +363,36 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
     auto joined = [](const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 1); };
     const int64_t rows_chunk = std::max<int64_t>(1, inference_edge_chunk() / 16);
     const Layer* Lp = &L;
+    std::vector<int64_t> out_dims;  // each output irrep's dimension, as the checkpointed paths join them
+    for (const auto& term : L.out.terms()) out_dims.push_back(term.irrep.dim());
     at::Tensor all;
     if (chunked) {
       // Inference path: the monomials ([N, M_ν, C], ~100 KB per atom at
       // ν = 3) exist for one chunk of nodes at a time (issue 19).
-      auto weights = product_weights_[ts];
-      // The engine's sparse contraction with the radial splines; the exact
-      // reference path keeps the dense products (issue 48).
-      const bool sparse = A.device().is_cpu() && radial_spline_enabled();
-      auto product = [Lp, stacked, indices, weights, elem, joined, sparse](const at::Tensor& A_rows, int64_t b,
-                                                                           int64_t e) {
+      // The element weights of nodes [b, e): [out][ν-1] → [e - b, K, C].
+      auto chunk_weights = [weights = product_weights_[ts], elem](int64_t b, int64_t e) {
         const at::Tensor el = elem.slice(0, b, e);
         std::vector<std::vector<at::Tensor>> w(weights.size());
         for (size_t o = 0; o < weights.size(); ++o)
           for (const auto& W : weights[o]) w[o].push_back(W.defined() ? W.index_select(0, el) : at::Tensor());
-        return joined(mace::symmetric_contraction_fast(A_rows, *Lp->table, stacked, indices, w, sparse));
+        return w;
+      };
+      // The engine's sparse contraction with the radial splines; the exact
+      // reference path keeps the dense products (issue 48).
+      const bool sparse = A.device().is_cpu() && radial_spline_enabled();
+      auto product = [Lp, stacked, indices, chunk_weights, joined, sparse](const at::Tensor& A_rows, int64_t b,
+                                                                           int64_t e) {
+        return joined(
+            mace::symmetric_contraction_fast(A_rows, *Lp->table, stacked, indices, chunk_weights(b, e), sparse));
       };
       // The engine differentiates it by hand (no monomials of the top
       // degree rebuilt, no autograd graph per chunk); the exact path by
       // autograd on the recomputed chunk.
-      auto vjp = [Lp, stacked, indices, weights, elem, sparse](const at::Tensor& A_rows, const at::Tensor& gy_rows,
-                                                               int64_t b, int64_t e) {
-        const at::Tensor el = elem.slice(0, b, e);
-        std::vector<std::vector<at::Tensor>> w(weights.size());
-        for (size_t o = 0; o < weights.size(); ++o)
-          for (const auto& W : weights[o]) w[o].push_back(W.defined() ? W.index_select(0, el) : at::Tensor());
-        std::vector<int64_t> dims;
-        for (const auto& term : Lp->out.terms()) dims.push_back(term.irrep.dim());
-        const std::vector<at::Tensor> gy = at::split_with_sizes(gy_rows, dims, 1);
-        return mace::symmetric_contraction_fast_vjp(A_rows, *Lp->table, stacked, indices, w, gy, sparse);
+      auto vjp = [Lp, stacked, indices, chunk_weights, out_dims, sparse](const at::Tensor& A_rows,
+                                                                         const at::Tensor& gy_rows, int64_t b, int64_t e) {
+        const std::vector<at::Tensor> gy = at::split_with_sizes(gy_rows, out_dims, 1);
+        return mace::symmetric_contraction_fast_vjp(A_rows, *Lp->table, stacked, indices, chunk_weights(b, e), gy,
+                                                    sparse);
       };
       all = sparse ? checkpointed_rows(A, rows_chunk, product, vjp) : checkpointed_rows(A, rows_chunk, product);
     } else if (A.size(0) > 16 * inference_edge_chunk()) {
@@ -419,11 +420,7 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
     } else {
       prod = mace::symmetric_contraction_fast(A, *L.table, stacked, indices, wz);
     }
-    if (all.defined()) {
-      std::vector<int64_t> dims;
-      for (const auto& term : L.out.terms()) dims.push_back(term.irrep.dim());
-      prod = at::split_with_sizes(all, dims, 1);
-    }
+    if (all.defined()) prod = at::split_with_sizes(all, out_dims, 1);
   }
   return prod;
 }

@@ -324,6 +324,22 @@ MonomialTable monomial_table(const std::vector<std::vector<const SymmetricBasis*
   return table;
 }
 
+namespace {
+
+/// The monomials of degree v + 1 [M, N·C] from those of degree v (`prev`
+/// [M', N·C], unused for v = 0) and the inputs `xt` [D, N·C]: degree 1 picks
+/// rows of xt; above, mono[m] = prev[par[m, 0]] ⊙ xt[par[m, 1]] as one fused
+/// gather-multiply (cfconv.h's edge_product over rows of N·C, derivatives of
+/// every order by the same fused loops): no gathered copies, no scatter.
+at::Tensor monomials_of_degree(const at::Tensor& prev, const at::Tensor& xt, const std::vector<at::Tensor>& indices,
+                               size_t v) {
+  if (v == 0) return xt.index_select(0, indices[0]);
+  const at::Tensor& par = indices[v];  // [M, 2]
+  return edge_product(prev, xt, par.select(1, 0).contiguous(), par.select(1, 1).contiguous());
+}
+
+}  // namespace
+
 std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const MonomialTable& table,
                                                    const std::vector<at::Tensor>& stacked_coeffs,
                                                    const std::vector<at::Tensor>& indices,
@@ -338,18 +354,9 @@ std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const Mo
   at::Tensor mono;  // [M_ν, N, C]
   for (int nu = 1; nu <= table.max_nu; ++nu) {
     const size_t v = static_cast<size_t>(nu - 1);
-    if (nu == 1) {
-      mono = xt.index_select(0, indices[0]);
-    } else {
-      const at::Tensor& par = indices[v];  // [M, 2]
-      // mono[m] = mono[par[m, 0]] ⊙ xt[par[m, 1]] as one fused gather-multiply
-      // (cfconv.h's edge_product over rows of N·C, derivatives of every order
-      // by the same fused loops): no gathered [M, N, C] copies, no scatter.
-      const at::Tensor prev = mono.reshape({mono.size(0), N * C});
-      mono = edge_product(prev, xt.view({xt.size(0), N * C}), par.select(1, 0).contiguous(),
-                          par.select(1, 1).contiguous())
-                 .view({-1, N, C});
-    }
+    mono = monomials_of_degree(mono.defined() ? mono.reshape({mono.size(0), N * C}) : mono,
+                               xt.view({xt.size(0), N * C}), indices, v)
+               .view({-1, N, C});
     if (!stacked_coeffs[v].defined()) continue;
     const at::Tensor flat = mono.view({mono.size(0), N * C});
     const at::Tensor B = (sparse ? sparse_row_combination(stacked_coeffs[v], flat)  // P_ν's nonzeros only
@@ -386,9 +393,7 @@ at::Tensor symmetric_contraction_fast_vjp(const at::Tensor& x, const MonomialTab
   // The monomials of degrees 1 .. max_nu - 1, as the forward builds them.
   std::vector<at::Tensor> mono(top);
   for (size_t v = 0; v + 1 < top; ++v) {
-    mono[v] = v == 0 ? xt.index_select(0, indices[0])
-                     : edge_product(mono[v - 1], xt, indices[v].select(1, 0).contiguous(),
-                                    indices[v].select(1, 1).contiguous());
+    mono[v] = monomials_of_degree(v == 0 ? at::Tensor() : mono[v - 1], xt, indices, v);
   }
   at::Tensor gx = at::zeros({D, N * C}, x.options());
   at::Tensor g_up;  // ∂/∂M_{ν} carried down from degree ν + 1
