@@ -9,7 +9,8 @@
 // run by bench/run_benchmarks.py.
 // --path training times a training step's model work instead: outputs with
 // create_graph, then an energy + force loss backward to the parameters.
-// --model gemm prints the float32 and bfloat16 rates of a 1024³ matrix product.
+// --model gemm prints the float32, bfloat16 and float64 rates of a 1024³ matrix
+// product; every model line carries hand_flops_per_atom (hand_flops.h).
 // Run: ./build/bench/bench_inference [--model schnet|mace|gemm] [--threads N]
 //      [--reps 4,8,16,32] [--path inference|training] [--ops K]
 //      [--order lattice|shuffled|morton] [--flops 0|1] [--op-shapes 0|1]
@@ -68,6 +69,7 @@
 #include "crucible/training/allocator.h"
 #include "crucible/training/blas_kernels.h"
 #include "fcc_cu.h"
+#include "hand_flops.h"
 #include "crucible/precision/precision.h"
 #include "crucible/training/hook.h"
 
@@ -262,7 +264,7 @@ int main(int argc, char** argv) {
   }
   at::set_num_threads(threads);
   if (model_name == "gemm") {  // the machine's matrix-product rate, for the FLOP/s fractions
-    for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    for (at::ScalarType dt : {at::kFloat, at::kBFloat16, at::kDouble}) {
       const int64_t m = 1024;
       const at::Tensor a = at::randn({m, m}).to(dt), b = at::randn({m, m}).to(dt);
       double best = 1e30;
@@ -271,7 +273,7 @@ int main(int argc, char** argv) {
         (void)at::mm(a, b);
         best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
-      std::printf("gemm dtype=%s threads=%d m=n=k=%lld gflops=%.1f malloc=%s\n", dt == at::kFloat ? "float32" : "bfloat16",
+      std::printf("gemm dtype=%s threads=%d m=n=k=%lld gflops=%.1f malloc=%s\n", dt == at::kFloat ? "float32" : (dt == at::kDouble ? "float64" : "bfloat16"),
                   threads, static_cast<long long>(m), 2.0 * m * m * m / best / 1e9, active_malloc());
     }
     return 0;
@@ -362,12 +364,17 @@ int main(int argc, char** argv) {
       for (auto& thread_events : prof::disableProfilerLegacy())
         for (auto& ev : thread_events) gflop += static_cast<double>(ev.flops()) * 1e-9;
     }
+    // Issue 48: the call's FLOPs per atom counted by hand (hand_flops.h).
+    const double edges_per_atom = static_cast<double>(batch.num_edges()) / static_cast<double>(n);
+    double hand_flops = std::nan("");
+    if (const auto* m = dynamic_cast<const MaceImpl*>(model.get())) hand_flops = bench::mace_engine_flops_per_atom(m->options(), edges_per_atom);
+    if (const auto* m = dynamic_cast<const SchNetImpl*>(model.get())) hand_flops = bench::schnet_flops_per_atom(m->options(), edges_per_atom);
     std::printf("model=%s dtype=%s path=%s order=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f "
                 "peak_kb_per_atom=%.2f faults_per_call=%.0f kernel_share=%.3f fresh_mb_per_call=%.0f moved_mb_per_call=%.0f "
-                "profiled_gflop=%.3f achieved_gflops=%.2f\n",
+                "profiled_gflop=%.3f achieved_gflops=%.2f hand_flops_per_atom=%.0f\n",
                 model_name.c_str(), dtype == at::kDouble ? "float64" : "float32", path.c_str(), atom_order.c_str(), threads, static_cast<long long>(n),
                 static_cast<long long>(batch.num_edges()), n / best, 1e6 * best / n, peak_kb / n, faults_per_call, kernel_share, fresh_mb, moved_mb, gflop,
-                gflop / best);
+                gflop / best, hand_flops);
     std::fflush(stdout);
     if (thread_rounds > 0 && threads > 1) {
       auto timed = [&](int t) {
@@ -401,10 +408,10 @@ int main(int argc, char** argv) {
       alternate(engine_rounds, [&] { return timed(true); }, [&] { return timed(false); }, eng, ref, ratio);
       mace.set_radial_spline(true);
       std::printf("engine_side_by_side model=mace_%s path=%s atoms=%lld rounds=%d threads=%d us_per_atom_engine=%.2f "
-                  "us_per_atom_exact=%.2f speedup_median=%.3f speedup_min=%.3f speedup_max=%.3f\n",
+                  "us_per_atom_exact=%.2f speedup_median=%.3f speedup_min=%.3f speedup_max=%.3f hand_flops_per_atom=%.0f\n",
                   mace_size.c_str(), path.c_str(), static_cast<long long>(n), engine_rounds, threads,
                   1e6 * median(eng) / n, 1e6 * median(ref) / n, median(ratio),
-                  *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
+                  *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()), hand_flops);
       std::fflush(stdout);
     }
     if (cluster_rounds > 0) {

@@ -28,6 +28,11 @@ sys.path.insert(0, HERE)
 from run_benchmarks import cpu_flags, cpu_model, fields, last_line  # noqa: E402
 
 
+def limit_us(flops_per_atom, gflops):
+    """The arithmetic limit: µs per atom of `flops_per_atom` FLOPs at `gflops` GFLOP/s (the GEMM rate)."""
+    return flops_per_atom / (gflops * 1e3)
+
+
 def available_gb():
     with open("/proc/meminfo") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("MemAvailable:")) / 2 ** 20
@@ -76,7 +81,10 @@ def main():
     gemm_lines = [fields(l) for l in run([inf, "--model", "gemm"], env1).splitlines() if l.startswith("gemm")]
     gemm = {f["dtype"]: float(f["gflops"]) for f in gemm_lines}
     print(f"GEMM 1024³, 1 thread: float32 {gemm['float32']:.0f} GFLOP/s, bfloat16 {gemm['bfloat16']:.0f} GFLOP/s "
-          f"(ratio {gemm['bfloat16'] / gemm['float32']:.1f})")
+          f"(ratio {gemm['bfloat16'] / gemm['float32']:.1f}), float64 {gemm['float64']:.0f} GFLOP/s")
+    print("arithmetic limit: an inference call's FLOPs per atom counted by hand from the architecture "
+          "(bench/hand_flops.h) at the GEMM rate of its dtype, 1 thread: the µs/atom no implementation of the "
+          "same algorithm beats on one core")
     print(f"malloc: {gemm_lines[0].get('malloc', '?')} in the C++ executables (the Python calculator and "
           f"LAMMPS/KIM run on their host process's malloc); LibTorch's blocks of 16 MiB or more are kept for "
           f"reuse in all of them (the large block cache)")
@@ -106,25 +114,33 @@ def main():
                   f"{float(f['us_per_atom_exact']):.1f} µs/atom: {float(f['speedup_median']):.2f}x "
                   f"({float(f['speedup_min']):.2f}-{float(f['speedup_max']):.2f}); target "
                   f"{'4' if size == 'small' else '3'}x", flush=True)
+            flops = float(f["hand_flops_per_atom"])
+            limit = limit_us(flops, gemm["float32"])
+            print(f"  {'':<13}hand count {flops / 1e6:.2f} MFLOP/atom: arithmetic limit {limit:.1f} µs/atom; "
+                  f"engine {100 * limit / float(f['us_per_atom_engine']):.0f}% of it, exact "
+                  f"{100 * limit / float(f['us_per_atom_exact']):.0f}%", flush=True)
             print(f"engine_speedup mace_{size} {f['atoms']} {float(f['speedup_median']):.3f}", flush=True)
         print()
     if "kim" in sections:
-        kim_section(a, inf, data, env1)
+        kim_section(a, inf, data, env1, gemm)
     trainers = (("schnet", [os.path.join(bench, "bench_schnet_training"), data, "--steps", str(a.train_steps)]),
                 ("mace", [os.path.join(bench, "bench_mace_training"), data, "--steps", str(a.train_steps // 2)]))
     tags = {"schnet": "crucible", "mace": "crucible_mace"}
     if "inference" in sections:
         reps = [int(r) for r in a.reps.split(",")]
         print("C++ API inference (energy + forces + stress, float32, random weights, 1 thread; one process per size):")
-        print(f"  {'model':<7} {'atoms':>7} {'atoms/s':>9} {'µs/atom':>9} {'peak KB/atom':>13} {'µs/atom vs smallest':>20}")
+        print(f"  {'model':<7} {'atoms':>7} {'atoms/s':>9} {'µs/atom':>9} {'peak KB/atom':>13} {'µs/atom vs smallest':>20} "
+              f"{'limit µs/atom':>14} {'of limit':>9}")
         for model in ("schnet", "mace"):
             base = None
             for rep in reps:
                 f = one(model, rep)
                 us = float(f["us_per_atom"])
                 base = base or us
+                limit = limit_us(float(f["hand_flops_per_atom"]), gemm["float32"])
                 print(f"  {model:<7} {int(f['atoms']):>7} {float(f['atoms_per_s']):>9.0f} {us:>9.1f} "
-                      f"{float(f['peak_kb_per_atom']):>13.1f} {us / base:>19.2f}x", flush=True)
+                      f"{float(f['peak_kb_per_atom']):>13.1f} {us / base:>19.2f}x {limit:>14.1f} "
+                      f"{100 * limit / us:>8.0f}%", flush=True)
         print()
     if "threads" in sections:
         rounds = a.thread_rounds
@@ -262,7 +278,13 @@ def main():
         out = run([sys.executable, os.path.join(HERE, "bench_deploy.py"), "--build", a.build, "--work", a.work,
                    "--reps", a.deploy_reps], env1)
         print(f"  {'path':<18} {'model':<7} {'atoms':>7} {'atoms/s':>9} {'µs/atom':>9} {'peak MiB':>9} "
-              f"{'KB/atom above smallest':>23}")
+              f"{'KB/atom above smallest':>23} {'limit µs/atom':>14}")
+        hand_flops = {}  # the trained models' count (fcc Cu: the same edges per atom at every size)
+        for model in ("schnet", "mace"):
+            model_dir = os.path.join(os.path.abspath(a.work), "deploy", f"{model}_run")
+            if os.path.isdir(model_dir):
+                f = fields(last_line(run([inf, "--model-dir", model_dir, "--reps", "4", "--flops", "0"], env1), "model="))
+                hand_flops[model] = float(f["hand_flops_per_atom"])
         for line in out.splitlines():
             if not line.startswith("path="):
                 continue
@@ -271,8 +293,11 @@ def main():
                 print(f"  {f['path']:<18} {f['model']:<7} {int(f['atoms']):>7} not run: ~{f['estimate_gb']} GB "
                       f"estimated, {f['available_gb']} GB available", flush=True)
                 continue
+            dtype = "float64" if f["path"] == "lammps_kim" else "float32"
+            limit = limit_us(hand_flops[f["model"]], gemm[dtype]) if f["model"] in hand_flops else float("nan")
             print(f"  {f['path']:<18} {f['model']:<7} {int(f['atoms']):>7} {float(f['atoms_per_s']):>9.0f} "
-                  f"{float(f['us_per_atom']):>9.1f} {int(f['peak_mb']):>9} {f['marginal_kb_per_atom']:>23}", flush=True)
+                  f"{float(f['us_per_atom']):>9.1f} {int(f['peak_mb']):>9} {f['marginal_kb_per_atom']:>23} "
+                  f"{limit:>14.1f}", flush=True)
 
 
 # The unit each model's layer work scales with, for the kim floor: SchNet's
@@ -298,7 +323,7 @@ def kim_floors(st, atoms, api_edges):
             "pairs": sum(pairs) / (count * api_edges / 2)}
 
 
-def kim_section(a, inf, data, env1):
+def kim_section(a, inf, data, env1, gemm):
     """Issue 48: LAMMPS/KIM against the C++ API for the same trained model
     (5 training steps, cutoff 5 Å) and dtype, fcc Cu, 1 thread. Each round
     runs LAMMPS (NVE, 3 steps after setup; µs per atom-step from its loop
@@ -334,6 +359,7 @@ def kim_section(a, inf, data, env1):
                                "--flops", "0"], env)
                     api_line = fields(last_line(out, "model="))
                     api, api_edges = float(api_line["us_per_atom"]), int(api_line["edges"])
+                    limit = limit_us(float(api_line["hand_flops_per_atom"]), gemm[dtype])
                     n = 4 * rep ** 3
                     kim_us.append(1e6 * seconds / n)
                     api_us.append(api)
@@ -347,7 +373,8 @@ def kim_section(a, inf, data, env1):
                       f"{max(ratios):.2f}); floor {floor:.2f} ({float(st['particles']):.0f} particles, layers on "
                       f"{', '.join(f'{x:.0f}' for x in layers) or 'all'}; by {FLOOR_UNIT[model]}, by atoms "
                       f"{floors['atoms']:.2f}, edges {floors['edges']:.2f}, pairs {floors['pairs']:.2f}); "
-                      f"{ratio / floor:.2f}x the floor", flush=True)
+                      f"{ratio / floor:.2f}x the floor; arithmetic limit {limit:.1f} µs/atom (API at "
+                      f"{100 * limit / statistics.median(api_us):.0f}% of it)", flush=True)
                 print(f"kim_vs_api {model} {dtype} {n} {ratio:.3f} {floor:.3f}", flush=True)
             if not a.quick:  # issue 48: 2 MPI processes on the 2 cores against 1, the largest size
                 rep = reps[-1]

@@ -3,6 +3,7 @@
 // the cutoff and batching. All in float64.
 
 #include "crucible/models/energy_model.h"
+#include "crucible/models/mace/element_linear.h"
 #include "crucible/models/mace/mace.h"
 #include "crucible/models/mace/radial.h"
 #include "crucible/models/mace/spherical_harmonics.h"
@@ -460,3 +461,38 @@ TEST(MaceClone, CloneIsADeepCopy) {
 
 }  // namespace
 }  // namespace crucible
+
+namespace crucible::mace {
+namespace {
+
+// Issue 48: the element-dependent linear map against a per-node oracle
+// (einsum over the gathered weights), values and gradients in x and W,
+// for 1, 5 (one GEMM and a gather) and 12 elements (grouped by element),
+// with one and several elements present in shuffled order.
+TEST(MaceElementLinear, EqualsThePerNodeProductForEveryElementCount) {
+  at::manual_seed(5);
+  for (int64_t nE : {1, 5, 12}) {
+    for (bool mixed : {false, true}) {
+      SCOPED_TRACE(std::to_string(nE) + (mixed ? " mixed" : " one element"));
+      const int64_t N = 37, d = 3, C = 8, Co = 6;
+      const auto opt = at::TensorOptions().dtype(at::kDouble);
+      const at::Tensor elem = mixed ? at::randint(0, nE, {N}, at::kLong) : at::full({N}, nE - 1, at::kLong);
+      at::Tensor x = at::randn({N, d, C}, opt).requires_grad_(true);
+      at::Tensor W = at::randn({nE, C, Co}, opt).requires_grad_(true);
+      const at::Tensor gy = at::randn({N, d, Co}, opt);
+      const at::Tensor y = element_linear(x, W, elem);
+      const auto g = torch::autograd::grad({(y * gy).sum()}, {x, W});
+      at::Tensor x2 = x.detach().clone().requires_grad_(true), W2 = W.detach().clone().requires_grad_(true);
+      const at::Tensor ref = at::einsum("ndc,nco->ndo", {x2, W2.index_select(0, elem)}) /
+                             std::sqrt(static_cast<double>(nE * C));
+      const auto g2 = torch::autograd::grad({(ref * gy).sum()}, {x2, W2});
+      EXPECT_TRUE(at::allclose(y, ref, 1e-12, 1e-12));
+      EXPECT_TRUE(at::allclose(g[0], g2[0], 1e-12, 1e-12));
+      EXPECT_TRUE(at::allclose(g[1], g2[1], 1e-12, 1e-12));
+      if (mixed && nE > 1) EXPECT_GT(std::get<0>(at::_unique(elem)).numel(), 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace crucible::mace

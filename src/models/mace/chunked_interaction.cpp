@@ -46,7 +46,7 @@ Layout make_layout(const ConvTensorProduct& tp, const at::Tensor& like) {
 struct Chunk {
   at::Tensor edges, local, recv, send;  // [Ec]
   std::vector<at::Tensor> z;            // MLP pre-activations [Pc, width] (all but the last layer)
-  at::Tensor w;                         // [Ec, P_paths, C], contiguous
+  at::Tensor w;                         // [Pc, P_paths, C], contiguous: one row per pair, edge e's is local[e]
   at::Tensor Y;                         // [Ec, Dsh]
   std::vector<at::Tensor> T;            // per listed term: [Ec, rows, d1], contiguous
 };
@@ -72,7 +72,7 @@ Chunk make_chunk(int64_t p0, int64_t p1, const at::Tensor& feats, const at::Tens
     }
   }
   const int64_t Ec = k.edges.size(0);
-  k.w = h.view({p1 - p0, num_paths, C}).index_select(0, k.local).contiguous();
+  k.w = h.view({p1 - p0, num_paths, C}).contiguous();
   k.Y = Y.index_select(0, k.edges);
   for (size_t t = 0; t < L.terms.size(); ++t) {
     k.T.push_back(at::mm(k.Y, L.coupling[t]).view({Ec, -1, L.term_dim[t]}).contiguous());
@@ -115,7 +115,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
       const Chunk k = make_chunk(p0, p1, feats, Y, mlp, spline, L, edge_pair, order, off, receiver, sender, NP, C);
       for (size_t t = 0; t < L.terms.size(); ++t) {
         edge_contraction_accumulate(EdgeSlot::kMessage, acc[t], at::Tensor(), k.w, k.T[t], xs[t], k.recv, k.send,
-                                    L.row_path[t]);
+                                    L.row_path[t], k.local);
       }
     });
     return agg.size() == 1 ? agg[0] : at::cat(agg, 1);
@@ -160,21 +160,17 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
       if (off[p0] == off[p1]) return;  // pairs without edges: no gradient
       const Chunk k = make_chunk(p0, p1, feats, Y, mlp, spline, L, edge_pair, order, off, receiver, sender, NP, C);
       const int64_t Ec = k.edges.size(0);
-      at::Tensor gw = at::zeros_like(k.w);
+      at::Tensor gw = at::zeros_like(k.w);  // per pair: each sums its edges
       at::Tensor gYc = at::zeros_like(k.Y);
       for (size_t t = 0; t < L.terms.size(); ++t) {
-        edge_contraction_accumulate(EdgeSlot::kInput, acc[t], gs[t], k.w, k.T[t], at::Tensor(), k.recv, k.send,
-                                    L.row_path[t]);
-        edge_contraction_accumulate(EdgeSlot::kWeights, gw, gs[t], at::Tensor(), k.T[t], xs[t], k.recv, k.send,
-                                    L.row_path[t]);
         at::Tensor gT = at::empty_like(k.T[t]);
-        edge_contraction_accumulate(EdgeSlot::kTable, gT, gs[t], k.w, at::Tensor(), xs[t], k.recv, k.send,
-                                    L.row_path[t]);
+        edge_contraction_backward_accumulate(acc[t], gw, gT, gs[t], k.w, k.T[t], xs[t], k.recv, k.send,
+                                             L.row_path[t], k.local);
         gYc.addmm_(gT.view({Ec, -1}), L.coupling[t].t());  // T = Y M
       }
       gY.index_copy_(0, k.edges, gYc);
-      // Edges → pairs, then back through the MLP.
-      at::Tensor g = at::zeros({p1 - p0, NP * C}, x.options()).index_add_(0, k.local, gw.view({Ec, NP * C}));
+      // Back through the MLP (or the spline), per pair.
+      at::Tensor g = gw.view({p1 - p0, NP * C});
       if (spline) {  // ∂/∂r of the spline: feats holds the distances
         gfeats.slice(0, p0, p1).select(1, 0).copy_(spline->backward(feats.slice(0, p0, p1).select(1, 0), g));
         return;

@@ -191,6 +191,56 @@ CRUCIBLE_INLINE_IN_CLONES void table_loop(const S* __restrict g, const S* __rest
   }
 }
 
+// The message slot's three first derivatives in one pass over the edges
+// (the inference path's backward, issue 48): per edge and row, u = w ⊙ g
+// once and the sender's [D, C] rows once for
+//   gx[send, i, c] += T[e, r, i] u[c]           (kInput)
+//   gT[e, r, i]     = Σ_c u[c] x[send, i, c]     (kTable)
+//   gw[row e, p, c] += g[r, c] Σ_i T[e, r, i] x[send, i, c]   (kWeights)
+// Serial: gx and gw are the caller's (per-thread) accumulators.
+template <class S, int64_t CC>
+CRUCIBLE_INLINE_IN_CLONES void backward_loop(const S* __restrict g, const S* __restrict w, const S* __restrict T,
+                                             const S* __restrict x, const int64_t* recv, const int64_t* send,
+                                             const int64_t* path, S* __restrict gx, S* __restrict gw,
+                                             S* __restrict gT, const Sizes& z, S* __restrict buf) {
+  S u_local[CC > 0 ? CC : 1], acc_local[CC > 0 ? CC : 1];
+  S* __restrict u = CC > 0 ? u_local : buf;
+  S* __restrict acc = CC > 0 ? acc_local : buf + z.C;
+  const int64_t R = z.R, D = z.D, C = CC > 0 ? CC : z.C, P = z.P;
+  for (int64_t e = 0; e < z.E; ++e) {
+    const S* __restrict xs = x + send[e] * D * C;
+    S* __restrict gxs = gx + send[e] * D * C;
+    const S* __restrict gr = g + recv[e] * R * C;
+    const int64_t row = weight_row(z, e);
+    for (int64_t r = 0; r < R; ++r) {
+      const S* __restrict we = w + (row * P + path[r]) * C;
+      const S* __restrict grr = gr + r * C;
+      const S* __restrict t = T + (e * R + r) * D;
+      S* __restrict o = gT + (e * R + r) * D;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) u[c] = we[c] * grr[c];
+      for (int64_t i = 0; i < D; ++i) {
+        const S ti = t[i];
+        const S* __restrict xi = xs + i * C;
+        S* __restrict gxi = gxs + i * C;
+        o[i] = dot_tree<S, CC>(u, xi, C);
+        if (i == 0) {
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) acc[c] = ti * xi[c];
+        } else {
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) acc[c] += ti * xi[c];
+        }
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) gxi[c] += ti * u[c];
+      }
+      S* __restrict gwr = gw + (row * P + path[r]) * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) gwr[c] += grr[c] * acc[c];
+    }
+  }
+}
+
 // One instantiation per dtype and loop, each cloned for the vector ISAs.
 CRUCIBLE_SIMD_CLONES void message_f(const float* g, const float* w, const float* T, const float* x, const int64_t* rv,
                                     const int64_t* sd, const int64_t* p, float* o, const Sizes& z, float* a) {
@@ -229,6 +279,17 @@ CRUCIBLE_SIMD_CLONES void table_d(const double* g, const double* w, const double
   table_loop<double, 0>(g, w, x, rv, sd, p, o, z, b, e, a);
 }
 
+CRUCIBLE_SIMD_CLONES void backward_f(const float* g, const float* w, const float* T, const float* x,
+                                     const int64_t* rv, const int64_t* sd, const int64_t* p, float* gx, float* gw,
+                                     float* gT, const Sizes& z, float* a) {
+  backward_loop<float, 0>(g, w, T, x, rv, sd, p, gx, gw, gT, z, a);
+}
+CRUCIBLE_SIMD_CLONES void backward_d(const double* g, const double* w, const double* T, const double* x,
+                                     const int64_t* rv, const int64_t* sd, const int64_t* p, double* gx, double* gw,
+                                     double* gT, const Sizes& z, double* a) {
+  backward_loop<double, 0>(g, w, T, x, rv, sd, p, gx, gw, gT, z, a);
+}
+
 // float32 with 32, 64 or 128 channels (MACE's default 32x0e+32x1o; 64 and
 // 128 as in MACE-MP's models): the channel loops and row accumulators have
 // a compile-time size, so the accumulators stay in registers.
@@ -251,6 +312,11 @@ CRUCIBLE_SIMD_CLONES void table_d(const double* g, const double* w, const double
                                         const int64_t* sd, const int64_t* p, float* o, const Sizes& z, int64_t b,     \
                                         int64_t e, float* a) {                                                        \
     table_loop<float, CC>(g, w, x, rv, sd, p, o, z, b, e, a);                                                        \
+  }                                                                                                                   \
+  CRUCIBLE_SIMD_CLONES void backward_f##CC(const float* g, const float* w, const float* T, const float* x,            \
+                                           const int64_t* rv, const int64_t* sd, const int64_t* p, float* gx,         \
+                                           float* gw, float* gT, const Sizes& z, float* a) {                          \
+    backward_loop<float, CC>(g, w, T, x, rv, sd, p, gx, gw, gT, z, a);                                               \
   }
 CRUCIBLE_EDGE_FIXED_C(32)
 CRUCIBLE_EDGE_FIXED_C(64)
@@ -295,6 +361,15 @@ void table_any(const float* g, const float* w, const float* x, const int64_t* rv
 void table_any(const double* g, const double* w, const double* x, const int64_t* rv, const int64_t* sd,
                const int64_t* p, double* o, const Sizes& z, int64_t b, int64_t e, double* a) {
   table_d(g, w, x, rv, sd, p, o, z, b, e, a);
+}
+
+void backward_any(const float* g, const float* w, const float* T, const float* x, const int64_t* rv,
+                  const int64_t* sd, const int64_t* p, float* gx, float* gw, float* gT, const Sizes& z, float* a) {
+  CRUCIBLE_BY_CHANNELS(backward, g, w, T, x, rv, sd, p, gx, gw, gT, z, a)
+}
+void backward_any(const double* g, const double* w, const double* T, const double* x, const int64_t* rv,
+                  const int64_t* sd, const int64_t* p, double* gx, double* gw, double* gT, const Sizes& z, double* a) {
+  backward_d(g, w, T, x, rv, sd, p, gx, gw, gT, z, a);
 }
 
 #undef CRUCIBLE_BY_CHANNELS
@@ -483,7 +558,9 @@ at::Tensor edge_contraction(EdgeSlot slot, const at::Tensor& g, const at::Tensor
 
 void edge_contraction_accumulate(EdgeSlot slot, at::Tensor& out, const at::Tensor& g, const at::Tensor& w,
                                  const at::Tensor& T, const at::Tensor& x, const at::Tensor& receiver,
-                                 const at::Tensor& sender, const at::Tensor& row_path) {
+                                 const at::Tensor& sender, const at::Tensor& row_path, const at::Tensor& w_row) {
+  TORCH_CHECK(!w_row.defined() || slot != EdgeSlot::kWeights,
+              "edge_contraction_accumulate: w_row is for the slots that read w (use edge_contraction_backward_accumulate)");
   Sizes z{};
   z.E = receiver.size(0);
   z.W = z.E;
@@ -500,17 +577,64 @@ void edge_contraction_accumulate(EdgeSlot slot, at::Tensor& out, const at::Tenso
     TORCH_CHECK(!fused || t->is_contiguous(), "edge_contraction_accumulate: CPU tensors must be contiguous");
   }
   if (!fused) {
-    const at::Tensor r = composite(slot, g, w, T, x, receiver, sender, row_path, at::Tensor(), z);
+    const at::Tensor r = composite(slot, g, w, T, x, receiver, sender, row_path, w_row, z);
     if (slot == EdgeSlot::kTable) out.copy_(r);
     else out.add_(r);
     return;
   }
-  TORCH_CHECK(out.is_contiguous() && receiver.is_contiguous() && sender.is_contiguous() && row_path.is_contiguous(),
+  TORCH_CHECK(out.is_contiguous() && receiver.is_contiguous() && sender.is_contiguous() && row_path.is_contiguous() &&
+                  (!w_row.defined() || w_row.is_contiguous()),
               "edge_contraction_accumulate: CPU tensors must be contiguous");
+  if (w_row.defined()) z.w_row = w_row.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "edge_contraction_accumulate", [&] {
     auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<scalar_t>() : nullptr; };
     kernel<scalar_t>(slot, ptr(g), ptr(w), ptr(T), ptr(x), receiver.data_ptr<int64_t>(), sender.data_ptr<int64_t>(),
                      row_path.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), z);
+  });
+}
+
+void edge_contraction_backward_accumulate(at::Tensor& gx, at::Tensor& gw, at::Tensor& gT, const at::Tensor& g,
+                                          const at::Tensor& w, const at::Tensor& T, const at::Tensor& x,
+                                          const at::Tensor& receiver, const at::Tensor& sender,
+                                          const at::Tensor& row_path, const at::Tensor& w_row) {
+  const int64_t E = receiver.size(0), R = row_path.size(0);
+  TORCH_CHECK(x.dim() == 3 && g.dim() == 3 && w.dim() == 3 && T.dim() == 3 && g.size(1) == R && T.size(0) == E &&
+                  T.size(1) == R && T.size(2) == x.size(1) && g.size(2) == x.size(2) && w.size(2) == x.size(2) &&
+                  gx.sizes() == x.sizes() && gw.sizes() == w.sizes() && gT.sizes() == T.sizes() &&
+                  sender.size(0) == E && (!w_row.defined() || w_row.size(0) == E) &&
+                  (w_row.defined() || w.size(0) == E),
+              "edge_contraction_backward_accumulate: expected g [N,R,C], w [W,P,C], T [E,R,D], x [N,D,C] and "
+              "gx, gw, gT shaped as x, w, T");
+  const bool fused = x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&g, &w, &T, &gx, &gw, &gT}) {
+    TORCH_CHECK(t->scalar_type() == x.scalar_type() && t->device() == x.device(),
+                "edge_contraction_backward_accumulate: all tensors must share dtype and device");
+  }
+  if (!fused) {  // the three slots one by one
+    Sizes z{};
+    z.N = x.size(0), z.E = E, z.P = w.size(1), z.R = R, z.D = x.size(1), z.C = x.size(2), z.W = w.size(0);
+    gx.add_(composite(EdgeSlot::kInput, g, w, T, at::Tensor(), receiver, sender, row_path, w_row, z));
+    gT.copy_(composite(EdgeSlot::kTable, g, w, at::Tensor(), x, receiver, sender, row_path, w_row, z));
+    z.W = E;  // per edge, then summed into w's rows
+    const at::Tensor per_edge = composite(EdgeSlot::kWeights, g, at::Tensor(), T, x, receiver, sender, row_path,
+                                          at::Tensor(), z);
+    if (w_row.defined()) gw.index_add_(0, w_row, per_edge);
+    else gw.add_(per_edge);
+    return;
+  }
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&g, &w, &T, &x, &gx, &gw, &gT, &receiver, &sender, &row_path}) {
+    TORCH_CHECK(t->is_contiguous(), "edge_contraction_backward_accumulate: CPU tensors must be contiguous");
+  }
+  TORCH_CHECK(!w_row.defined() || w_row.is_contiguous(),
+              "edge_contraction_backward_accumulate: CPU tensors must be contiguous");
+  Sizes z{};
+  z.N = x.size(0), z.E = E, z.P = w.size(1), z.R = R, z.D = x.size(1), z.C = x.size(2), z.W = w.size(0);
+  if (w_row.defined()) z.w_row = w_row.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "edge_contraction_backward_accumulate", [&] {
+    std::vector<scalar_t> buf(static_cast<size_t>(2 * z.C));
+    backward_any(g.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), T.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                 receiver.data_ptr<int64_t>(), sender.data_ptr<int64_t>(), row_path.data_ptr<int64_t>(),
+                 gx.data_ptr<scalar_t>(), gw.data_ptr<scalar_t>(), gT.data_ptr<scalar_t>(), z, buf.data());
   });
 }
 

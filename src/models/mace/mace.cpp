@@ -5,6 +5,7 @@
 #include "crucible/models/silu.h"
 #include "crucible/models/layer_nodes.h"
 #include "crucible/models/mace/chunked_interaction.h"
+#include "crucible/models/mace/element_linear.h"
 #include "crucible/models/chunk_parallel.h"
 #include "crucible/models/cfconv.h"
 #include "crucible/models/mace/radial.h"
@@ -66,21 +67,6 @@ at::Tensor linear_irreps(const at::Tensor& x, const Irreps& irreps, const std::v
     parts.push_back(matmul_bucketed_rows(parts_in[a], W[a] * (1.0 / std::sqrt(static_cast<double>(W[a].size(0))))));
   }
   return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
-}
-
-/// Element-dependent linear map of one term: x [N, d, C], W [n_elem, C, C'],
-/// elem [N] → [N, d, C'] / √(C · n_elem) (e3nn's FullyConnectedTensorProduct
-/// with the one-hot node attributes, as MACE's skip_tp). With few elements
-/// one GEMM for all of them and a gather; with many a batched product.
-at::Tensor element_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& elem) {
-  const int64_t nE = W.size(0), C = W.size(1), Co = W.size(2), N = x.size(0), d = x.size(1);
-  const double norm = 1.0 / std::sqrt(static_cast<double>(nE * C));
-  if (nE == 1) return matmul_bucketed_rows(x, W[0] * norm);
-  if (nE <= 8) {
-    const at::Tensor all = matmul_bucketed_rows(x, (W * norm).permute({1, 0, 2}).reshape({C, nE * Co})).view({N, d, nE, Co});
-    return all.gather(2, elem.view({N, 1, 1, 1}).expand({N, d, 1, Co})).squeeze(2);
-  }
-  return at::bmm(x, W.index_select(0, elem) * norm);
 }
 
 at::Tensor normal(std::vector<int64_t> shape) { return at::randn(shape, at::kFloat); }
@@ -369,12 +355,22 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
     if (chunked) {
       // Inference path: the monomials ([N, M_ν, C], ~100 KB per atom at
       // ν = 3) exist for one chunk of nodes at a time (issue 19).
-      // The element weights of nodes [b, e): [out][ν-1] → [e - b, K, C].
-      auto chunk_weights = [weights = product_weights_[ts], elem](int64_t b, int64_t e) {
+      // The element weights of nodes [b, e): [out][ν-1] → [e - b, K, C];
+      // with one element present, its row broadcast (no per-node copy).
+      const at::Tensor elem_cpu = elem.to(at::kCPU);
+      const int64_t only = elem_cpu.numel() > 0 && elem_cpu.min().item<int64_t>() == elem_cpu.max().item<int64_t>()
+                               ? elem_cpu[0].item<int64_t>()
+                               : -1;
+      auto chunk_weights = [weights = product_weights_[ts], elem, only](int64_t b, int64_t e) {
         const at::Tensor el = elem.slice(0, b, e);
         std::vector<std::vector<at::Tensor>> w(weights.size());
-        for (size_t o = 0; o < weights.size(); ++o)
-          for (const auto& W : weights[o]) w[o].push_back(W.defined() ? W.index_select(0, el) : at::Tensor());
+        for (size_t o = 0; o < weights.size(); ++o) {
+          for (const auto& W : weights[o]) {
+            if (!W.defined()) w[o].emplace_back();
+            else if (only >= 0) w[o].push_back(W.narrow(0, only, 1).expand({e - b, W.size(1), W.size(2)}));
+            else w[o].push_back(W.index_select(0, el));
+          }
+        }
         return w;
       };
       // The engine's sparse contraction with the radial splines; the exact
@@ -446,7 +442,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
       if (!skip_[ts][b].defined()) continue;
       for (size_t a = 0; a < L.node.size(); ++a) {
         if (L.node.terms()[a].irrep != L.out.terms()[b].irrep) continue;
-        sc[b] = keep(element_linear(h_terms[a], skip_[ts][b], elem));
+        sc[b] = keep(mace::element_linear(h_terms[a], skip_[ts][b], elem));
       }
     }
   }
@@ -489,7 +485,7 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
       if (L.tp->paths()[pi].target_term == b) cols.push_back(agg_paths[pi]);
     const at::Tensor x = cols.size() == 1 ? cols[0] : at::cat(cols, 2);  // [N, d, P·C]
     at::Tensor y = matmul_bucketed_rows(x, linear_[ts][b] * (inv_avg / std::sqrt(static_cast<double>(x.size(2)))));
-    if (t == 0) y = element_linear(keep(y), skip_[ts][b], elem);
+    if (t == 0) y = mace::element_linear(keep(y), skip_[ts][b], elem);
     a_parts.push_back(keep(y));
   }
   const at::Tensor A = at::cat(a_parts, 1);  // [N, D_target, C]

@@ -57,8 +57,31 @@ at::Tensor edge_contraction(EdgeSlot slot, const at::Tensor& g, const at::Tensor
 /// chunk never copies a node-sized tensor); other devices and dtypes use
 /// the composite operations. @throws c10::Error on mismatched dtypes or
 /// devices, or non-contiguous CPU tensors.
+/// @param w_row optional [E] int64: edge e reads w's row w_row[e] (w then
+///        [W, P, C], e.g. one row per distance pair: no [E, P, C] gather);
+///        not for kWeights (c10::Error), whose rows are written.
 void edge_contraction_accumulate(EdgeSlot slot, at::Tensor& out, const at::Tensor& g, const at::Tensor& w,
                                  const at::Tensor& T, const at::Tensor& x, const at::Tensor& receiver,
-                                 const at::Tensor& sender, const at::Tensor& row_path);
+                                 const at::Tensor& sender, const at::Tensor& row_path,
+                                 const at::Tensor& w_row = at::Tensor());
+
+/// The first derivatives of the message slot's sum S = Σ g·A with respect
+/// to x, w and T in one pass over the edges (issue 48: the inference
+/// path's backward reads each edge's sender rows and cotangent rows once
+/// instead of three times):
+///   gx[send e, i, c]  += Σ_r T[e, r, i] w[row e, path r, c] g[recv e, r, c]
+///   gw[row e, p, c]   += Σ_{r: path r = p} g[recv e, r, c] Σ_i T[e, r, i] x[send e, i, c]
+///   gT[e, r, i]        = Σ_c w[row e, path r, c] g[recv e, r, c] x[send e, i, c]
+/// with row e = w_row[e] (w, gw [W, P, C]) or e (w_row undefined, W = E).
+/// g [N, R, C]; T, gT [E, R, D]; x, gx [N, D, C]; one dtype and device.
+/// Single-threaded (callers run it per chunk, each into its own gx / gw);
+/// CPU float32 / float64 tensors must be contiguous; other devices and
+/// dtypes run the three slots' composite operations (same values).
+/// @throws c10::Error on mismatched shapes, dtypes or devices, or
+///         non-contiguous CPU tensors.
+void edge_contraction_backward_accumulate(at::Tensor& gx, at::Tensor& gw, at::Tensor& gT, const at::Tensor& g,
+                                          const at::Tensor& w, const at::Tensor& T, const at::Tensor& x,
+                                          const at::Tensor& receiver, const at::Tensor& sender,
+                                          const at::Tensor& row_path, const at::Tensor& w_row = at::Tensor());
 
 }  // namespace crucible::mace
