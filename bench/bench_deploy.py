@@ -38,6 +38,26 @@ def cu_atoms(rep):
     return atoms
 
 
+def child_md(pydir, run_dir, steps):
+    """Runs in its own process: seconds per step of ASE's VelocityVerlet (1 fs)
+    with crucible.Calculator (float32) on 1000 fcc Cu atoms (5 x 5 x 10
+    cells) at 300 K, after one warm-up step."""
+    sys.path.insert(0, pydir)
+    import crucible
+    from ase import units
+    from ase.build import bulk
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+    from ase.md.verlet import VelocityVerlet
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((5, 5, 10))
+    atoms.calc = crucible.Calculator(run_dir, dtype="float32")
+    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=__import__("numpy").random.default_rng(7))
+    dyn = VelocityVerlet(atoms, 1.0 * units.fs)
+    dyn.run(1)
+    t0 = time.perf_counter()
+    dyn.run(steps)
+    print(f"seconds_per_step={(time.perf_counter() - t0) / steps:.6f} atoms={len(atoms)}")
+
+
 def child_calculator(pydir, run_dir, rep):
     """Runs in its own process: prints seconds per call and peak RSS (kB)."""
     sys.path.insert(0, pydir)
@@ -56,14 +76,17 @@ def child_calculator(pydir, run_dir, rep):
 
 
 def lammps_run(work, name, rep, env, steps=1, processes=1):
-    """Seconds per step (LAMMPS's loop time over `steps`) and the peak RSS
-    (kB) of `lmp` (under `mpirun -np processes` when above 1)."""
-    inp = os.path.join(work, f"in_{name}_{rep}.lmp")
+    """Seconds per step (LAMMPS's loop time over `steps`, NVE at 300 K with
+    LAMMPS's metal timestep of 1 fs) and the peak RSS (kB) of `lmp` (under
+    `mpirun -np processes` when above 1). `rep`: fcc cells per side, or
+    (nx, ny, nz) cells."""
+    nx, ny, nz = rep if isinstance(rep, tuple) else (rep, rep, rep)
+    inp = os.path.join(work, f"in_{name}_{nx}x{ny}x{nz}.lmp")
     with open(inp, "w") as f:
         f.write(f"""kim init {name} metal
 boundary p p p
 lattice fcc 3.61
-region box block 0 {rep} 0 {rep} 0 {rep}
+region box block 0 {nx} 0 {ny} 0 {nz}
 create_box 1 box
 create_atoms 1 box
 kim interactions Cu
@@ -135,6 +158,9 @@ def prepare_model(binary, work, data, env, model):
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child_calculator(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--child-md":
+        child_md(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")

@@ -3,7 +3,11 @@
 memory per atom from 256 to 131072 atoms (fcc Cu, 5 Å) through the C++ API,
 the Python calculator and LAMMPS/KIM; 2 threads against 1; the training
 path's cost per atom; bf16-mixed against 32-true training; the machine's
-GEMM rates; the CPU model and flags. Every ratio is measured in this run.
+GEMM rates; the CPU model and flags. Issue 48 adds the MACE engine against
+its exact path, LAMMPS/KIM against the C++ API (kim), ns/day of a 1000-atom
+Cu MD through LAMMPS/KIM and ASE on 1 and 2 threads (md), and beside each
+inference row the arithmetic limit: the hand-counted FLOPs per atom
+(hand_flops.h) at the GEMM rate. Every ratio is measured in this run.
 
 Usage: /usr/bin/python3 bench/run_md_scale.py [--build build] [--quick]
        [--work /tmp/crucible_bench] [--reps 4,8,16,32] [--deploy-reps 4,8,16]
@@ -57,15 +61,18 @@ def main():
     ap.add_argument("--train-thread-rounds", type=int, default=3, help="rounds of the train_threads section")
     ap.add_argument("--kim-reps", default="8,16", help="fcc cells per side of the kim section")
     ap.add_argument("--kim-rounds", type=int, default=3, help="rounds (LAMMPS run, then C++ API) of the kim section")
-    ap.add_argument("--sections", default="engine,kim,inference,threads,training,bf16,train_threads,deploy",
+    ap.add_argument("--sections", default="engine,kim,md,inference,threads,training,bf16,train_threads,deploy",
                     help="comma-separated subset to run")
     ap.add_argument("--engine-rounds", type=int, default=3, help="alternating rounds of the engine section")
+    ap.add_argument("--engine-reps", default="4,8,16,32",
+                    help="fcc cells per side of the engine section (the medium MACE stops at 16: ~0.5 MB per atom)")
     ap.add_argument("--quick", action="store_true",
                     help="the checks' form (issue 48): the engine section alone, at 2048 atoms")
     a = ap.parse_args()
     if a.quick:
         a.sections = "engine,kim"
         a.kim_rounds = 1
+        a.engine_reps = "8"
     bench = os.path.join(a.build, "bench")
     inf = os.path.join(bench, "bench_inference")
     env1 = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -105,24 +112,30 @@ def main():
         # the exact path of the same model, alternating call by call in one
         # process; the small MACE and one of MACE-MP-0 medium's size.
         print(f"MACE inference engine against the exact path (energy + forces + stress, float32, random weights, "
-              f"1 thread, 2048 atoms; {a.engine_rounds} alternating rounds in one process, median and range):")
+              f"1 thread; {a.engine_rounds} alternating rounds in one process per size, median and range; targets "
+              f"at 2048 atoms):")
         for size in ("small", "medium"):
-            out = run([inf, "--model", "mace", "--mace-size", size, "--reps", "8", "--threads", "1", "--flops", "0",
-                       "--engine-rounds", str(a.engine_rounds)], env1)
-            f = fields(last_line(out, "engine_side_by_side"))
-            print(f"  mace_{size:<7} engine {float(f['us_per_atom_engine']):.1f} µs/atom, exact "
-                  f"{float(f['us_per_atom_exact']):.1f} µs/atom: {float(f['speedup_median']):.2f}x "
-                  f"({float(f['speedup_min']):.2f}-{float(f['speedup_max']):.2f}); target "
-                  f"{'4' if size == 'small' else '3'}x", flush=True)
-            flops = float(f["hand_flops_per_atom"])
-            limit = limit_us(flops, gemm["float32"])
-            print(f"  {'':<13}hand count {flops / 1e6:.2f} MFLOP/atom: arithmetic limit {limit:.1f} µs/atom; "
-                  f"engine {100 * limit / float(f['us_per_atom_engine']):.0f}% of it, exact "
-                  f"{100 * limit / float(f['us_per_atom_exact']):.0f}%", flush=True)
-            print(f"engine_speedup mace_{size} {f['atoms']} {float(f['speedup_median']):.3f}", flush=True)
+            for rep in [int(r) for r in a.engine_reps.split(",")]:
+                if size == "medium" and rep > 16:
+                    continue  # ~0.5 MB per atom: 131072 atoms would not fit this machine kind's 24 GB
+                out = run([inf, "--model", "mace", "--mace-size", size, "--reps", str(rep), "--threads", "1",
+                           "--flops", "0", "--engine-rounds", str(a.engine_rounds)], env1)
+                f = fields(last_line(out, "engine_side_by_side"))
+                flops = float(f["hand_flops_per_atom"])
+                limit = limit_us(flops, gemm["float32"])
+                target = f"; target {'4' if size == 'small' else '3'}x" if rep == 8 else ""
+                print(f"  mace_{size:<7} {int(f['atoms']):>6} atoms: engine {float(f['us_per_atom_engine']):.1f} "
+                      f"µs/atom, exact {float(f['us_per_atom_exact']):.1f} µs/atom: {float(f['speedup_median']):.2f}x "
+                      f"({float(f['speedup_min']):.2f}-{float(f['speedup_max']):.2f}){target}; hand count "
+                      f"{flops / 1e6:.2f} MFLOP/atom, arithmetic limit {limit:.1f} µs/atom: engine at "
+                      f"{100 * limit / float(f['us_per_atom_engine']):.0f}% of it, exact "
+                      f"{100 * limit / float(f['us_per_atom_exact']):.0f}%", flush=True)
+                print(f"engine_speedup mace_{size} {f['atoms']} {float(f['speedup_median']):.3f}", flush=True)
         print()
     if "kim" in sections:
         kim_section(a, inf, data, env1, gemm)
+    if "md" in sections:
+        md_section(a, data, env1, env2)
     trainers = (("schnet", [os.path.join(bench, "bench_schnet_training"), data, "--steps", str(a.train_steps)]),
                 ("mace", [os.path.join(bench, "bench_mace_training"), data, "--steps", str(a.train_steps // 2)]))
     tags = {"schnet": "crucible", "mace": "crucible_mace"}
@@ -321,6 +334,40 @@ def kim_floors(st, atoms, api_edges):
     count = len(nodes)
     return {"atoms": sum(nodes) / (count * atoms), "edges": sum(edges) / (count * api_edges),
             "pairs": sum(pairs) / (count * api_edges / 2)}
+
+
+def md_section(a, data, env1, env2, steps=20):
+    """Issue 48: ns/day of a 1000-atom fcc Cu MD (5 x 5 x 10 cells, NVE from
+    300 K, 1 fs) with the `crucible train` models (5 steps, cutoff 5 Å):
+    LAMMPS/KIM (float32 and float64 exports) on 1 thread, 2 threads and
+    mpirun -np 2, and ASE's VelocityVerlet with crucible.Calculator
+    (float32) on 1 and 2 threads; `steps` timed steps each, after LAMMPS's
+    setup or one warm-up step. ns/day = 86400 s / (seconds per step) × 1 fs."""
+    from bench_deploy import lammps_run, prepare_model  # noqa: E402
+    work = os.path.abspath(os.path.join(a.work, "md"))
+    os.makedirs(work, exist_ok=True)
+    extra = dict(HOME=os.path.join(work, "home"), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                 OMPI_MCA_rmaps_base_oversubscribe="1")
+    e1, e2 = dict(env1, **extra), dict(env2, **extra)
+    binary = os.path.abspath(os.path.join(a.build, "crucible"))
+    pydir = os.path.abspath(os.path.join(a.build, "python"))
+    print(f"MD of 1000 fcc Cu atoms (NVE from 300 K, 1 fs; {steps} timed steps), the `crucible train` models: ns/day")
+    print(f"  {'model':<7} {'path':<28} {'1 thread':>9} {'2 threads':>10} {'mpirun -np 2':>13}")
+    for model in ("schnet", "mace"):
+        run_dir, items = prepare_model(binary, work, os.path.abspath(data), e1, model)
+        for name, dtype in sorted(items.values(), key=lambda v: v[1]):
+            days = [86400e-6 / lammps_run(work, name, (5, 5, 10), env, steps=steps, processes=procs)[0]
+                    for env, procs in ((e1, 1), (e2, 1), (e1, 2))]
+            print(f"  {model:<7} {'LAMMPS/KIM ' + dtype:<28} {days[0]:>9.3f} {days[1]:>10.3f} {days[2]:>13.3f}",
+                  flush=True)
+        days = []
+        for env in (e1, e2):
+            out = run([sys.executable, os.path.join(HERE, "bench_deploy.py"), "--child-md", pydir, run_dir,
+                       str(steps)], env)
+            days.append(86400e-6 / float(fields(last_line(out, "seconds_per_step="))["seconds_per_step"]))
+        print(f"  {model:<7} {'ASE VelocityVerlet, float32':<28} {days[0]:>9.3f} {days[1]:>10.3f} {'':>13}",
+              flush=True)
+    print()
 
 
 def kim_section(a, inf, data, env1, gemm):
