@@ -8,7 +8,7 @@
 // The process launches itself as the workers (launch_local_workers); each
 // worker times the steps after the first 5 (warm-up) and rank 0 prints.
 
-#include "crucible/cli/training_setup.h"
+#include "crucible/run/training_setup.h"
 #include "crucible/config/config.h"
 #include "crucible/distributed/launcher.h"
 #include "crucible/distributed/process_group.h"

@@ -59,7 +59,7 @@
 // "op name=... self_ms=... calls=..." line each: which parts of a call do not
 // gain from threads.
 
-#include "crucible/cli/model_io.h"
+#include "crucible/run/model_io.h"
 #include "crucible/data/dataset.h"
 #include "crucible/deploy/cluster.h"
 #include "crucible/neighbors/neighbor_list.h"

@@ -10,7 +10,7 @@
 // Prints the student's energy / force MAE against the teacher and against
 // DFT on held-out structures, before and after distillation.
 
-#include "crucible/cli/model_io.h"
+#include "crucible/run/model_io.h"
 #include "crucible/config/config.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"

@@ -8,8 +8,8 @@
 // imports beside `import torch`. The GIL is released while it computes.
 
 #include "crucible/common/dtype_names.h"
-#include "crucible/cli/commands.h"
-#include "crucible/cli/model_io.h"
+#include "crucible/run/mace_files.h"
+#include "crucible/run/model_io.h"
 #include "crucible/data/batch.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/data/structure_checks.h"
@@ -17,6 +17,7 @@
 #include "crucible/models/mace/mace.h"
 #include "crucible/neighbors/neighbor_list.h"
 #include "crucible/training/allocator.h"
+#include "python/training.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -160,6 +161,7 @@ PYBIND11_MODULE(_crucible, m) {
       py::arg("file"), py::arg("hyperparameters"), py::arg("out_dir"),
       "`crucible import mace FILE [--hyperparameters JSON] --out OUT_DIR` (issue 46): returns what it printed. "
       "Raises RuntimeError naming the file for input it cannot use.");
+  crucible::python::bind_training(m);
   m.def("empty_cache", &crucible::empty_large_block_cache,
         "Returns the idle large blocks (16 MiB or more) that loading a model keeps for the next call to the "
         "kernel, and the number of bytes returned; the next large call page-faults its memory again.");

@@ -1,6 +1,8 @@
-"""Crucible models from Python (issue 17).
+"""Crucible from Python: training (issue 49) and models (issue 17).
 
     import crucible
+    run = crucible.train("configs/ethanol.yaml", hooks=[MyHook()])  # crucible.training
+    crucible.resume(run.run_dir)                      # an interrupted run, exactly
     calc = crucible.Calculator("runs/default")        # an ASE calculator
     model = crucible.load_model("runs/default")       # metadata and compute()
     crucible.empty_cache()    # the memory kept between calls back to the system
@@ -12,10 +14,14 @@ A pickled MACE .model: python3 -m crucible.mace_to_pt MODEL OUT.pt --import RUN_
 Put build/python on PYTHONPATH (README). Energies in eV, forces in eV/Å,
 stress in eV/Å^3 with ASE's sign convention.
 """
+import torch  # noqa: F401  (first: parameters reach hooks as torch.Tensor through DLPack)
+
 from ._crucible import Model as _Model
 from ._crucible import empty_cache
 from ._crucible import import_mace
 from .calculator import Calculator
+from .training import (ConfigError, Context, DataError, Hook, HookError, Run, TrainingError, TrainingStage,
+                       TrainingUpdateHook, resume, train)
 
 
 def load_model(path, dtype=None, exact=False):
@@ -32,4 +38,5 @@ def load_model(path, dtype=None, exact=False):
     return _Model(str(path), "" if dtype is None else dtype, bool(exact))
 
 
-__all__ = ["Calculator", "empty_cache", "import_mace", "load_model"]
+__all__ = ["Calculator", "ConfigError", "Context", "DataError", "Hook", "HookError", "Run", "TrainingError",
+           "TrainingStage", "TrainingUpdateHook", "empty_cache", "import_mace", "load_model", "resume", "train"]

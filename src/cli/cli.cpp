@@ -4,6 +4,9 @@
 #include "crucible/cli/cli.h"
 
 #include "crucible/cli/commands.h"
+#include "crucible/run/data_paths.h"
+#include "crucible/run/mace_files.h"
+#include "crucible/run/training_run.h"
 #include "crucible/common/error.h"
 #include "crucible/common/fs_error.h"
 #include "crucible/config/config.h"

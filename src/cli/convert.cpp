@@ -1,7 +1,7 @@
 // `crucible convert IN OUT` (issue 18): between the data formats.
 
 #include "crucible/cli/commands.h"
-#include "crucible/cli/training_setup.h"
+#include "crucible/run/training_setup.h"
 #include "crucible/common/error.h"
 #include "crucible/data/formats.h"
 #include "crucible/data/label_audit.h"

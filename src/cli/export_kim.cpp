@@ -2,8 +2,8 @@
 // deliverable 2). Layout and reasons: docs/deployment_kim.md.
 
 #include "crucible/cli/commands.h"
-#include "crucible/cli/kim_settings.h"
-#include "crucible/cli/model_io.h"
+#include "crucible/deploy/kim_settings.h"
+#include "crucible/run/model_io.h"
 #include "crucible/common/error.h"
 #include "crucible/common/fs_error.h"
 #include "crucible/data/extxyz.h"

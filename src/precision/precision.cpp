@@ -147,7 +147,7 @@ std::unique_ptr<AutocastGuard> PrecisionPlugin::forward_context(at::Device devic
 }
 
 std::unique_ptr<PrecisionPlugin::DefaultDtypeGuard> PrecisionPlugin::module_init_context() const {
-  return std::make_unique<DefaultDtypeGuard>(param_dtype());
+  return tensor_init_context();
 }
 
 std::unique_ptr<PrecisionPlugin::DefaultDtypeGuard> PrecisionPlugin::tensor_init_context() const {

@@ -32,7 +32,7 @@ MixedPrecisionHook::MixedPrecisionHook(at::ScalarType dtype, GradScalerOptions s
     : plugin_(std::make_shared<PrecisionPlugin>(precision_from_dtype(dtype), scaler_options)) {}
 
 MixedPrecisionHook::MixedPrecisionHook(std::shared_ptr<PrecisionPlugin> plugin)
-    : plugin_(std::move(plugin)) {
+    : plugin_(std::move(plugin)), given_plugin_(true) {
   if (!plugin_) throw ConfigError("MixedPrecisionHook needs a precision plugin, got null");
 }
 

@@ -298,9 +298,13 @@ void TrainingStrategy::register_hook(std::shared_ptr<Hook> hook, TrainingStage s
 
 void TrainingStrategy::close() {
   std::exception_ptr first;
-  for (const auto& h : registered_hooks()) {
+  for (const auto& h : hooks_) {
     if (closed_.count(h.get()) > 0) continue;
     closed_.insert(h.get());
+    // Seed 001: the orchestrator closes its children, in reverse order.
+    if (auto orch = std::dynamic_pointer_cast<TrainingUpdateOrchestrator>(h)) {
+      for (const auto& child : orch->hooks()) closed_.insert(child.get());
+    }
     try {
       h->close();
     } catch (...) {
@@ -326,10 +330,22 @@ std::string TrainingStrategy::model_name_of_primary() const {
 
 void TrainingStrategy::set_inference_model(std::shared_ptr<EnergyModel> model,
                                            const std::string& model_key) {
+  // Seed 002: the published module goes to the training device first, and
+  // a single-model strategy ignores the key (its slot holds one module).
+  if (model) model->module().to(options_.device);
+  if (models_.size() == 1) {
+    inference_models_.clear();
+    if (model) inference_models_[models_.begin()->first] = std::move(model);
+    return;
+  }
   if (models_.count(model_key) == 0) {
     const std::string names = model_names();
     throw ConfigError("set_inference_model: model_key must name a model (" + names + "), got '" +
                       model_key + "'");
+  }
+  if (!model) {
+    inference_models_.erase(model_key);
+    return;
   }
   inference_models_[model_key] = std::move(model);
 }
@@ -382,6 +398,18 @@ void TrainingStrategy::install_hooks(std::vector<std::shared_ptr<Hook>> hooks) {
   for (const auto& h : registered) {
     if (auto mp = std::dynamic_pointer_cast<MixedPrecisionHook>(h)) precision_hook_ = mp;
   }
+  // Seed 004: a plugin object given through a registered
+  // MixedPrecisionHook(plugin) converts the models, batches and outputs
+  // when the strategy has no plugin of its own.
+  if (precision_hook_ && !precision_) {
+    if (auto given = precision_hook_->given_plugin()) {
+      precision_ = std::move(given);
+      for (auto& [name, m] : models_) {
+        m->module().to(options_.device);
+        precision_->convert_module(m->module());
+      }
+    }
+  }
   has_do_backward_ = has_do_optimizer_step_ = false;
   has_update_orchestrator_ = false;
   for (const auto& h : hooks_) {
@@ -415,12 +443,16 @@ std::vector<LrScheduler*> TrainingStrategy::lr_schedulers() {
 void TrainingStrategy::ensure_optimizer(int64_t total_steps, bool for_run) {
   if (!optimizers_.empty()) {
     // Seed 002: run() builds its optimizers for its own horizon; those that
-    // train_batch() built for another one are rebuilt (a restored state is
-    // applied again to the new ones).
+    // train_batch() built for another one are rebuilt. After a restore the
+    // new ones continue from the live optimizers' state (the restored one
+    // plus every step since), never from the checkpoint's again: the weights
+    // have moved on (issue 49).
     if (!for_run || optimizer_horizon_ == total_steps) return;
+    if (pending_state_.empty() && restored_) {
+      for (auto& [name, bytes] : optimizer_state_files()) pending_state_[name] = std::move(bytes);
+    }
     optimizers_.clear();
     schedulers_.clear();
-    if (pending_state_.empty()) pending_state_ = restored_state_;
   }
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers;
   std::vector<std::unique_ptr<LrScheduler>> schedulers;
@@ -515,6 +547,15 @@ void TrainingStrategy::agree_on_stop_request() {
 void TrainingStrategy::dispatch_stage(TrainingStage stage) {
   TrainContext ctx = make_context(nullptr);
   run_hooks(stage, ctx);
+}
+
+TrainContext TrainingStrategy::make_after_batch_context() {
+  TrainContext ctx = make_context(last_batch_ ? &*last_batch_ : nullptr);
+  if (last_losses_) {
+    ctx.loss = last_losses_->total;
+    ctx.losses = &*last_losses_;
+  }
+  return ctx;
 }
 
 TrainContext TrainingStrategy::make_context(const Batch* batch) {
@@ -614,6 +655,10 @@ void TrainingStrategy::train_batch_impl(const Batch& batch) {
   ctx.predictions = &detached_predictions;
   losses = LossOutput{};
   predictions = ModelOutputs{};
+  // Seed 002: the stages after the batch (AFTER_EPOCH, AFTER_VALIDATION,
+  // AFTER_TRAINING) see the last batch and its detached loss.
+  last_batch_ = batch;
+  last_losses_ = detached;
   run_hooks(TrainingStage::AFTER_BACKWARD, ctx);
   run_hooks(TrainingStage::BEFORE_OPTIMIZER_STEP, ctx);
   bool step_ran = true;
@@ -670,9 +715,13 @@ void TrainingStrategy::maybe_validate_after_step() {
 
 void TrainingStrategy::validate_and_step_metric_schedulers() {
   const ValidationSummary summary = validate();
-  for (auto& sched : schedulers_) {
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    LrScheduler* sched = schedulers_[i].get();
     if (!sched || !sched->metric_driven()) continue;
-    sched->step(validation_monitor_value(summary, sched->monitor()));  // checked at construction
+    // Seed 002: the optimizer config's metric adapter, else the monitor key
+    // (checked at construction).
+    const auto& adapter = entries_.at(i).config.scheduler_metric;
+    sched->step(adapter ? adapter(summary) : validation_monitor_value(summary, sched->monitor()));
   }
 }
 
@@ -708,13 +757,13 @@ ValidationSummary TrainingStrategy::validate() {
         evaluate_model(use_inference ? *inference : *model_, *v.data, options_.device, eo);
     last_validation_->inference_model = use_inference;
   }
-  TrainContext ctx = make_context(nullptr);
+  TrainContext ctx = make_after_batch_context();
   run_hooks(TrainingStage::AFTER_VALIDATION, ctx);
   return *last_validation_;
 }
 
 void TrainingStrategy::run_end_stage() {
-  TrainContext end_ctx = make_context(nullptr);
+  TrainContext end_ctx = make_after_batch_context();
   run_hooks(TrainingStage::AFTER_TRAINING, end_ctx);
   if (options_.validation) validate_and_step_metric_schedulers();
   end_stage_done_ = true;  // before the end checkpoint, which records it
@@ -724,6 +773,8 @@ void TrainingStrategy::run_end_stage() {
 void TrainingStrategy::run(DataLoader& given_loader) {
   stop_requested_ = stop_agreed_ = stopped_early_ = false;
   stop_reason_.clear();
+  last_batch_.reset();
+  last_losses_.reset();
   batches_without_step_ = 0;
   reduced_stop_.reset();
   ensure_precision_hook();
@@ -818,7 +869,7 @@ void TrainingStrategy::run(DataLoader& given_loader) {
         if (epoch_done) {
           ++epoch_count;
           epoch_step_count = 0;
-          TrainContext ctx = make_context(nullptr);
+          TrainContext ctx = make_after_batch_context();
           run_hooks(TrainingStage::AFTER_EPOCH, ctx);
           if (validation_due_after_epoch()) validate_and_step_metric_schedulers();
           set_configured_models_training();

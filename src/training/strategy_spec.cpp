@@ -38,6 +38,10 @@ json scheduler_to_json(const SchedulerConfig& s) {
 }
 
 json optimizer_to_json(const OptimizerConfig& o) {
+  if (o.scheduler_metric) {
+    throw ConfigError("optimizer config: scheduler_metric is a callable, which a spec cannot hold; "
+                      "use the scheduler's plateau.monitor key instead to write a spec");
+  }
   json groups = json::array();
   for (const auto& g : o.param_groups) groups.push_back({{"pattern", g.pattern}, {"options", g.options}});
   return {{"name", o.name},

@@ -81,28 +81,17 @@ std::string tensor_name(const at::Tensor& t) {
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> TrainingStrategy::state_files() {
+std::vector<std::pair<std::string, std::string>> TrainingStrategy::optimizer_state_files() {
   std::vector<std::pair<std::string, std::string>> files;
-  files.emplace_back("counters.pt", to_bytes({{"step_count", at::scalar_tensor(step_count, at::kLong)},
-                                              {"global_step_count", at::scalar_tensor(global_step_count, at::kLong)},
-                                              {"batch_count", at::scalar_tensor(batch_count, at::kLong)},
-                                              {"epoch_count", at::scalar_tensor(epoch_count, at::kLong)},
-                                              {"epoch_step_count", at::scalar_tensor(epoch_step_count, at::kLong)},
-                                              {"world_size", at::scalar_tensor(int64_t{world_size}, at::kLong)},
-                                              {"training_finished", at::scalar_tensor(int64_t{end_stage_done_}, at::kLong)},
-                                              {"finished_early_at_step", at::scalar_tensor(finished_early_at_step_, at::kLong)}}));
   // Gradients of parameters no optimizer owns never land in a checkpoint
   // (seed 002 clears them before each batch).
   const std::set<const void*> owned = optimizer_owned_parameters();
   for (auto& [name, m] : models_) {
-    TensorMap weights, grads;
+    TensorMap grads;
     for (const auto& item : m->module().named_parameters(true)) {
-      weights["param." + item.key()] = item.value();
       const bool kept = optimizers_.empty() || owned.count(item.value().unsafeGetTensorImpl()) > 0;
       if (item.value().grad().defined() && kept) grads[item.key()] = item.value().grad();
     }
-    for (const auto& item : m->module().named_buffers(true)) weights["buffer." + item.key()] = item.value();
-    files.emplace_back("model." + name + ".pt", to_bytes(weights));
     files.emplace_back("grads." + name + ".pt", to_bytes(grads));
   }
   for (size_t i = 0; i < optimizers_.size(); ++i) {
@@ -123,6 +112,26 @@ std::vector<std::pair<std::string, std::string>> TrainingStrategy::state_files()
       files.emplace_back("scheduler." + std::to_string(i) + ".pt", to_bytes(sched));
     }
   }
+  return files;
+}
+
+std::vector<std::pair<std::string, std::string>> TrainingStrategy::state_files() {
+  std::vector<std::pair<std::string, std::string>> files;
+  files.emplace_back("counters.pt", to_bytes({{"step_count", at::scalar_tensor(step_count, at::kLong)},
+                                              {"global_step_count", at::scalar_tensor(global_step_count, at::kLong)},
+                                              {"batch_count", at::scalar_tensor(batch_count, at::kLong)},
+                                              {"epoch_count", at::scalar_tensor(epoch_count, at::kLong)},
+                                              {"epoch_step_count", at::scalar_tensor(epoch_step_count, at::kLong)},
+                                              {"world_size", at::scalar_tensor(int64_t{world_size}, at::kLong)},
+                                              {"training_finished", at::scalar_tensor(int64_t{end_stage_done_}, at::kLong)},
+                                              {"finished_early_at_step", at::scalar_tensor(finished_early_at_step_, at::kLong)}}));
+  for (auto& [name, m] : models_) {
+    TensorMap weights;
+    for (const auto& item : m->module().named_parameters(true)) weights["param." + item.key()] = item.value();
+    for (const auto& item : m->module().named_buffers(true)) weights["buffer." + item.key()] = item.value();
+    files.emplace_back("model." + name + ".pt", to_bytes(weights));
+  }
+  for (auto& f : optimizer_state_files()) files.push_back(std::move(f));
   // Hooks with state, in registration order: "hook.<k>" = the hook's name
   // (bytes), "state.<k>.<key>" = its state.
   TensorMap hooks;
@@ -231,7 +240,7 @@ void TrainingStrategy::restore_state_files(const std::map<std::string, std::stri
       pending_state_[name] = bytes;
     }
   }
-  restored_state_ = pending_state_;
+  restored_ = true;
   if (!optimizers_.empty()) apply_pending_optimizer_state();
 }
 

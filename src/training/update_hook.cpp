@@ -226,6 +226,18 @@ void TrainingUpdateOrchestrator::exit(bool failed) {
   exit_in_reverse(hooks_, failed, /*rethrow=*/true);
 }
 
+void TrainingUpdateOrchestrator::close() {
+  std::exception_ptr first;
+  for (auto it = hooks_.rbegin(); it != hooks_.rend(); ++it) {
+    try {
+      (*it)->close();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
 // ---------------------------------------------------------------- composition
 
 std::shared_ptr<TrainingUpdateOrchestrator> operator+(

@@ -2,7 +2,7 @@
 // evaluate, config, malformed input, exit codes. Build both targets:
 //   ninja crucible test_cli
 
-#include "crucible/cli/training_setup.h"
+#include "crucible/run/training_setup.h"
 #include "crucible/common/error.h"
 #include "crucible/config/config.h"
 

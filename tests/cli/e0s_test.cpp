@@ -1,7 +1,7 @@
 // data.e0s (issue 18): isolated-atom frames, the rank-deficient fit, maps
 // and JSON files, the config key, and a run through the binary.
 
-#include "crucible/cli/e0s.h"
+#include "crucible/run/e0s.h"
 #include "crucible/common/error.h"
 #include "crucible/config/config.h"
 #include "crucible/models/energy_normalization.h"

@@ -4,8 +4,8 @@
 // steps from scratch (both figures printed); frozen parameters must stay
 // bit-identical; mismatches are errors naming the parameters.
 
-#include "crucible/cli/fine_tuning.h"
-#include "crucible/cli/model_io.h"
+#include "crucible/run/fine_tuning.h"
+#include "crucible/run/model_io.h"
 
 #include "cli/e2e_helpers.h"
 

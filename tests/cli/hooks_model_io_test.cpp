@@ -1,8 +1,8 @@
 // In-process tests of the CLI's building blocks: the cosine LR schedule, gradient
 // clipping, epoch reporting and model save/load.
 
-#include "crucible/cli/model_io.h"
-#include "crucible/cli/progress.h"
+#include "crucible/run/model_io.h"
+#include "crucible/report/progress.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"

@@ -2,7 +2,7 @@
 // exported KIM model, written by `crucible export kim --dtype`, read by the
 // driver; bad files fail naming the file and what was expected.
 
-#include "crucible/cli/kim_settings.h"
+#include "crucible/deploy/kim_settings.h"
 
 #include "crucible/common/error.h"
 

@@ -1,7 +1,7 @@
 // Label keys that match nothing (issue 18): the message lists the file's
 // keys and the MACE name that would match; train and evaluate stop.
 
-#include "crucible/cli/label_keys.h"
+#include "crucible/run/label_keys.h"
 
 #include "cli/e2e_helpers.h"
 

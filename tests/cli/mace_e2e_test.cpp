@@ -2,7 +2,7 @@
 // SIGTERM and resume bit for bit (EMA on), evaluate equal to the final
 // validation, and every precision mode.
 
-#include "crucible/cli/model_io.h"
+#include "crucible/run/model_io.h"
 
 #include "cli/e2e_helpers.h"
 

@@ -4,7 +4,7 @@
 // (float64 1e-10 relative, the float32 model in float32 1e-5), `crucible
 // info` shows the origin, and bad input is refused without writing.
 
-#include "crucible/cli/model_io.h"
+#include "crucible/run/model_io.h"
 #include "crucible/data/extxyz.h"
 
 #include "cli/e2e_helpers.h"

@@ -3,8 +3,8 @@
 // MAE and RMSE in every parity panel, a stress panel, config_type colours,
 // the thinning rule stated.
 
-#include "crucible/cli/parity_plot.h"
-#include "crucible/cli/plot_axes.h"
+#include "crucible/report/parity_plot.h"
+#include "crucible/report/plot_axes.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // training.precision (issue 3): the config key, its choices, and a short
 // `crucible train` run under 16-mixed / bf16-mixed (summary: final scale).
 
-#include "crucible/cli/commands.h"
+#include "crucible/run/training_run.h"
 #include "crucible/common/error.h"
 #include "crucible/config/config.h"
 

@@ -1,9 +1,9 @@
 // In-process tests of the live progress bar, metrics.jsonl and
 // learning_curve.svg, with a real TrainingStrategy on a few TiAl frames.
 
-#include "crucible/cli/learning_curve.h"
-#include "crucible/cli/metrics_log.h"
-#include "crucible/cli/progress.h"
+#include "crucible/report/learning_curve.h"
+#include "crucible/report/metrics_log.h"
+#include "crucible/report/progress.h"
 #include "crucible/common/error.h"
 #include "crucible/data/dataset.h"
 #include "crucible/data/extxyz.h"

@@ -2,7 +2,7 @@
 // measured passes, the choice rule, and that a measuring pass leaves no
 // trace in the model (crucible/training/thread_choice.h).
 
-#include "crucible/cli/training_setup.h"
+#include "crucible/run/training_setup.h"
 #include "crucible/training/thread_choice.h"
 
 #include "training/toy_model.h"

@@ -6,7 +6,7 @@
 // amplitudes zeroed equals models/zbl.h's pair energy, which
 // tests/models/test_zbl.cpp checks against the formula written out.
 
-#include "crucible/cli/model_io.h"
+#include "crucible/run/model_io.h"
 #include "crucible/data/batch.h"
 #include "crucible/models/energy_model.h"
 #include "crucible/models/zbl.h"

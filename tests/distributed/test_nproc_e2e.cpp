@@ -1,7 +1,7 @@
 // Issue 6 end to end: `crucible train --nproc 2` (two processes, Gloo over
 // loopback) against one process with twice the batch, and a killed worker.
 
-#include "crucible/cli/model_io.h"
+#include "crucible/run/model_io.h"
 
 #include <gtest/gtest.h>
 

@@ -126,11 +126,13 @@ TEST(PluginSeam, AUsersPluginObjectSetsTheModelAndBatchDtype) {
   auto plugin =
       std::make_shared<RecordingPlugin>(&log, PrecisionMode::k32True, at::kDouble, at::kDouble);
   ToyModel model;
-  EXPECT_EQ(model->a.scalar_type(), at::kDouble);
+  model->to(at::kFloat);  // a float32 model in a float32 recipe ...
+  ASSERT_EQ(model->a.scalar_type(), at::kFloat);
   StrategyOptions o = one_step(plugin);
-  o.dtype = at::kFloat;  // the plugin wins over dtype
+  o.dtype = at::kFloat;
   TrainingStrategy s(model.ptr(), o, energy_forces_loss());
-  EXPECT_EQ(model->a.scalar_type(), at::kDouble);
+  EXPECT_EQ(model->a.scalar_type(), at::kDouble);  // ... made float64 by the plugin (issue 49)
+  EXPECT_EQ(log.front(), "convert_module");
   at::ScalarType seen = at::kByte;
   s.register_hook(std::make_shared<LambdaHook>(
       "dtype", std::set<TrainingStage>{TrainingStage::BEFORE_FORWARD},
@@ -138,14 +140,17 @@ TEST(PluginSeam, AUsersPluginObjectSetsTheModelAndBatchDtype) {
   s.train_batch(toy_dataset(1)->collate({0}));
   EXPECT_EQ(seen, at::kDouble);
 
-  // The same plugin type in float32.
+  // The same plugin type in float32 turns a float64 model float32, in a
+  // float64 recipe.
   std::vector<std::string> log32;
   ToyModel m32;
-  TrainingStrategy s32(m32.ptr(),
-                       one_step(std::make_shared<RecordingPlugin>(&log32, PrecisionMode::k32True,
-                                                                  at::kFloat, at::kFloat)),
-                       energy_forces_loss());
+  ASSERT_EQ(m32->a.scalar_type(), at::kDouble);
+  StrategyOptions o32 = one_step(
+      std::make_shared<RecordingPlugin>(&log32, PrecisionMode::k32True, at::kFloat, at::kFloat));
+  o32.dtype = at::kDouble;
+  TrainingStrategy s32(m32.ptr(), o32, energy_forces_loss());
   EXPECT_EQ(m32->a.scalar_type(), at::kFloat);
+  EXPECT_EQ(log32, std::vector<std::string>{"convert_module"});
 
   // A plugin and a mode string together are refused.
   StrategyOptions both = one_step(plugin);

@@ -7,6 +7,7 @@
 #include "crucible/common/autocast_state.h"
 #include "crucible/common/error.h"
 #include "crucible/training/mixed_precision_hook.h"
+#include "crucible/training/non_finite_loss.h"
 #include "crucible/training/strategy.h"
 #include "toy_model.h"
 
@@ -137,10 +138,15 @@ TEST(MixedPrecisionHook, SixteenMixedScalesAndUnscalesOnlyBeforeANonVetoedStep) 
   EXPECT_EQ(hook.state_dict().at("_growth_tracker"), 1.0);
 }
 
+// The scaler alone skips the step: no NonFiniteLossGuard is registered
+// (stop_on_non_finite false), so were the skip the guard's veto instead,
+// the inf step would be applied and the parameters would move (issue 49).
 TEST(MixedPrecisionHook, PlantedInfSkipsExactlyThatStepAndHalvesTheScale) {
   auto ds = toy_dataset(4);
   ToyModel model;
-  TrainingStrategy s(model.ptr(), steps_options(10, "16-mixed"), energy_forces_loss());
+  StrategyOptions o = steps_options(10, "16-mixed");
+  o.stop_on_non_finite = false;
+  TrainingStrategy s(model.ptr(), o, energy_forces_loss());
   EXPECT_EQ(model->a.scalar_type(), at::kFloat);  // the plugin converted the model
   const int64_t planted_batch = 2;
   s.register_hook(std::make_shared<LambdaHook>(
@@ -161,6 +167,9 @@ TEST(MixedPrecisionHook, PlantedInfSkipsExactlyThatStepAndHalvesTheScale) {
     steps.push_back(s.step_count);
   }
   ASSERT_NE(s.precision_hook(), nullptr);  // auto-registered for 16-mixed
+  for (const auto& h : s.registered_hooks()) {
+    EXPECT_EQ(std::dynamic_pointer_cast<NonFiniteLossGuard>(h), nullptr) << "no guard may veto";
+  }
   EXPECT_EQ(s.batch_count, 4);
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 2, 3}));
   EXPECT_DOUBLE_EQ(scales[0], 65536.0);
@@ -174,11 +183,13 @@ TEST(MixedPrecisionHook, PlantedInfSkipsExactlyThatStepAndHalvesTheScale) {
 }
 
 // Seed 001 / issue 3 acceptance: a scheduler is not stepped when a real inf
-// gradient made the scaler skip its optimizer's step.
+// gradient made the scaler skip its optimizer's step. No guard is
+// registered (issue 49): the skip can only be the scaler's.
 TEST(MixedPrecisionHook, SchedulerIsNotSteppedWhenTheScalerSkipsTheStep) {
   auto ds = toy_dataset(4);
   ToyModel model;
   StrategyOptions o = steps_options(10, "16-mixed");
+  o.stop_on_non_finite = false;
   SchedulerConfig sc;
   sc.name = "step";
   sc.step_size = 1;
@@ -204,6 +215,9 @@ TEST(MixedPrecisionHook, SchedulerIsNotSteppedWhenTheScalerSkipsTheStep) {
   EXPECT_EQ(scheduler_steps, (std::vector<int64_t>{1, 1, 2, 3}));
   EXPECT_EQ(lrs, (std::vector<double>{0.005, 0.005, 0.0025, 0.00125}));
   EXPECT_DOUBLE_EQ(s.precision_hook()->scale(), 32768.0);  // the scaler did skip
+  for (const auto& h : s.registered_hooks()) {
+    EXPECT_EQ(std::dynamic_pointer_cast<NonFiniteLossGuard>(h), nullptr) << "no guard may veto";
+  }
 }
 
 // A later hook vetoing a step whose gradients were already unscaled must

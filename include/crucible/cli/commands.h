@@ -1,6 +1,8 @@
 #pragma once
-// The `crucible train` and `crucible evaluate` commands as library functions
-// (the CLI in cli.cpp parses arguments and calls these).
+// The commands whose work is their own output: `crucible evaluate`, `info`,
+// `convert` and `export kim` (cli.cpp parses arguments and calls these).
+// A training run and the MACE import/export are library functions in
+// crucible/run/ (docs/architecture/layers.md).
 
 #include "crucible/config/config.h"
 #include "crucible/training/metrics.h"
@@ -12,54 +14,6 @@
 #include <vector>
 
 namespace crucible {
-
-/// Finds a data file: `path` itself if absolute or present relative to the
-/// current directory; else, for a path starting with "data/", the same file
-/// under the source tree's data/ folder (CRUCIBLE_DATA_DIR).
-/// @throws DataError "<key> file '<path>' does not exist (looked in: ...)".
-std::string resolve_data_path(const std::string& path, const std::string& key);
-
-/// The --config file `path`: as given when it is a file, else (a relative
-/// path starting with configs/) the same file in the source tree's configs/
-/// folder, as data/ paths fall back (issue 47).
-/// @throws ConfigError listing the places looked in.
-std::string resolve_config_path(const std::string& path);
-
-/// What `run_training` produced.
-struct TrainResult {
-  std::string run_dir;                  ///< directory written.
-  ValidationSummary validation;         ///< final validation metrics (meV units).
-  double wall_seconds = 0;              ///< total wall time of the command, s.
-  int64_t steps = 0;                    ///< optimizer steps taken.
-  int64_t epochs = 0;                   ///< epochs completed.
-  bool stopped = false;                 ///< stopped by a signal (resumable).
-  /// The signal that stopped it (SIGINT 2, SIGTERM 15; SIGTERM when the stop
-  /// was agreed with another worker that got one); 0 when not stopped.
-  int signal = 0;
-};
-
-/// `crucible train`: reads and checks all data and the config, then creates
-/// the run directory (config.yaml first, summary.json last), trains, saves
-/// model.pt / model.json and prints progress and a final summary to `out`
-/// (warnings to `err`). `command_line` is recorded in config.yaml.
-/// @throws ConfigError / DataError for user errors, before the run directory
-///         is created when they concern the inputs.
-/// `crucible train --resume RUN_DIR [--checkpoint N]`.
-struct ResumeOptions {
-  bool resume = false;                 ///< continue config.output.run_dir.
-  std::optional<int64_t> checkpoint;   ///< checkpoint index; unset = newest intact.
-};
-
-/// With `resume.resume`: the run directory must hold an unfinished run
-/// (config.yaml, checkpoints/, no summary.json); its recipe must not differ
-/// from `config` in a key that matters (recipe_differences: ConfigError
-/// listing them); the checkpoint is restored (the newest intact one, saying
-/// which newer ones were skipped and why) and training continues at the
-/// exact next batch; metrics files are appended to.
-/// A SIGINT/SIGTERM during training finishes the batch, writes a checkpoint
-/// and returns (TrainResult::stopped) after printing how to resume.
-TrainResult run_training(const Config& config, std::ostream& out, std::ostream& err,
-                         const std::string& command_line = "", const ResumeOptions& resume = {});
 
 /// Options of `crucible evaluate`.
 struct EvaluateRequest {
@@ -106,35 +60,6 @@ struct ConvertRequest {
 /// @throws ConfigError for a non-data override, DataError for unreadable
 ///         input, an output that exists or is the input, a write failure.
 void run_convert(const ConvertRequest& request, std::ostream& out);
-/// Options of `crucible import mace` (issue 46).
-struct ImportMaceRequest {
-  std::string file;             ///< a MACE `_compiled.model` (TorchScript) or a `.pt` state_dict.
-  std::string hyperparameters;  ///< JSON of MACE's hyper-parameters; required for a `.pt`, empty for TorchScript.
-  std::string out_dir;          ///< new or empty run directory to write.
-};
-/// `crucible import mace`: reads the file (crucible/models/mace/mace_import.h),
-/// builds the Crucible model with the file's weights, U matrices and
-/// Clebsch-Gordan blocks, and writes `out_dir/model.pt` + `model.json`
-/// (its "origin": format, reader, file, sha256, MACE version), which every
-/// path that takes a run directory uses.
-/// @throws ConfigError if out_dir exists and is not empty (nothing written);
-///         DataError naming the file for unreadable input or a model Crucible
-///         cannot represent (what is missing is named).
-void run_import_mace(const ImportMaceRequest& request, std::ostream& out);
-
-/// Options of `crucible export mace` (issue 46).
-struct ExportMaceRequest {
-  std::string run_dir;   ///< run directory, or model.pt with model.json beside it.
-  std::string out_file;  ///< FILE.pt to write; FILE.json is written beside it.
-};
-/// `crucible export mace`: MACE's state_dict (every name and shape of
-/// ScaleShiftMACE: load_state_dict(strict=True) takes it) and its
-/// hyper-parameters as JSON (crucible/models/mace/mace_export.h) of a model
-/// imported from MACE, fine-tuned or not.
-/// @throws ConfigError if an output file exists (nothing written), the model
-///         is not MACE or was trained by Crucible (its own product basis);
-///         DataError for an unreadable model or an unwritable file.
-void run_export_mace(const ExportMaceRequest& request, std::ostream& out);
 
 /// Options of `crucible export kim` (issue 17).
 struct ExportKimRequest {

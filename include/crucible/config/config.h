@@ -389,6 +389,12 @@ std::string model_type_recipe(const std::string& model_type);
 /// @throws ConfigError as load_config_file and apply_overrides.
 Config load_run_config(const std::string& config_file, const std::vector<std::string>& overrides);
 
+/// load_run_config with the recipe given as YAML (or JSON) text instead of a
+/// file (`crucible.train(config=dict)`); `source` names it in messages.
+/// @throws ConfigError as apply_config_yaml and apply_overrides.
+Config load_run_config_text(const std::string& yaml_text, const std::string& source,
+                            const std::vector<std::string>& overrides);
+
 /// default_config() with the YAML file `path` applied.
 /// @throws ConfigError if the file cannot be read or is invalid (see apply_config_yaml).
 Config load_config_file(const std::string& path);

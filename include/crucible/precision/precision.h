@@ -127,10 +127,14 @@ class PrecisionPlugin {
    private:
     caffe2::TypeMeta previous_;
   };
-  /// Module parameters created while the guard lives get param_dtype().
-  std::unique_ptr<DefaultDtypeGuard> module_init_context() const;
-  /// Tensors created while the guard lives get param_dtype().
-  std::unique_ptr<DefaultDtypeGuard> tensor_init_context() const;
+  /// Seed 004 module_init_context: module parameters created while the
+  /// guard lives get param_dtype(). The default enters tensor_init_context()
+  /// (so an override of that one applies to modules too). build_training
+  /// creates the run's model under it.
+  virtual std::unique_ptr<DefaultDtypeGuard> module_init_context() const;
+  /// Seed 004 tensor_init_context: tensors created while the guard lives get
+  /// param_dtype() (LibTorch's default float dtype).
+  virtual std::unique_ptr<DefaultDtypeGuard> tensor_init_context() const;
 
   /// Before backward: returns the loss to back-propagate (scaled under 16-mixed).
   virtual at::Tensor pre_backward(const at::Tensor& loss);
@@ -155,10 +159,16 @@ class PrecisionPlugin {
   /// gradient clipping, spike skipping and gradient averaging iterate over
   /// (optimizer_parameters in training/update_hook.h).
   virtual std::vector<at::Tensor> main_params(torch::optim::Optimizer& optimizer) const;
-  /// Scaler state ("scale", "_growth_tracker", ...); empty without a scaler.
-  std::map<std::string, double> state_dict() const;
-  /// @throws std::invalid_argument if the state has no scaler keys under 16-mixed.
-  void load_state_dict(const std::map<std::string, double>& state);
+  /// Seed 004 state_dict: the plugin's state for checkpoints. The default
+  /// holds the scaler's ("scale", "_growth_tracker", ...), empty without
+  /// one; a plugin with its own state overrides both (and calls these for
+  /// the scaler's). Checkpointed through the MixedPrecisionHook that drives
+  /// the plugin (hook state "hooks.pt"): the strategy registers one for a
+  /// plugin with an autocast dtype, a user registers one for any other.
+  virtual std::map<std::string, double> state_dict() const;
+  /// Restores state_dict(). @throws std::invalid_argument if the state has
+  /// no scaler keys under 16-mixed.
+  virtual void load_state_dict(const std::map<std::string, double>& state);
   /// End of a run (TrainingStrategy::run calls it last, also after an
   /// exception): releases the scaler, keeping its state_dict() (a later
   /// scaler starts from it, and checkpoints taken after the run hold it).

@@ -92,6 +92,11 @@ class MixedPrecisionHook : public TrainingUpdateHook {
 
   /// The plugin (mode, dtypes, scaler). Never null.
   PrecisionPlugin& plugin() { return *plugin_; }
+  /// The plugin object given to the plugin constructor, or null for a hook
+  /// built from a mode or dtype (which only drives the autocast region and
+  /// the scaler). A strategy without a plugin of its own adopts a given
+  /// one: it converts the models, batches and outputs with it (seed 004).
+  std::shared_ptr<PrecisionPlugin> given_plugin() const { return given_plugin_ ? plugin_ : nullptr; }
   const PrecisionPlugin& plugin() const { return *plugin_; }
   PrecisionMode mode() const { return plugin_->mode(); }
   /// The 16-mixed scaler, or null (other modes, or before the first DO_BACKWARD).
@@ -120,6 +125,7 @@ class MixedPrecisionHook : public TrainingUpdateHook {
   void leave_region();
 
   std::shared_ptr<PrecisionPlugin> plugin_;
+  bool given_plugin_ = false;  ///< plugin_ came from the plugin constructor
   std::unique_ptr<AutocastGuard> region_;
 };
 

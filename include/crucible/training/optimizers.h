@@ -9,6 +9,7 @@
 
 #include <map>
 #include <memory>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -19,6 +20,8 @@ class Optimizer;
 }
 
 namespace crucible {
+
+struct ValidationSummary;  // crucible/training/metrics.h
 
 /// A parameter group: the parameters whose name matches `pattern` (ECMAScript
 /// regex, searched anywhere in the name, e.g. "embedding" or "bias$") get
@@ -65,6 +68,12 @@ struct OptimizerConfig {
   /// This optimizer's scheduler; none = constant lr. Checked by
   /// check_scheduler_config.
   std::optional<SchedulerConfig> scheduler;
+  /// Seed 002 scheduler_metric_adapter as a callable: the value a
+  /// metric-driven scheduler (plateau) of this optimizer steps on, computed
+  /// from each validation summary. Unset = the scheduler's monitor key
+  /// (PlateauOptions::monitor). A strategy spec cannot hold a callable:
+  /// TrainingStrategy::to_spec refuses one (ConfigError).
+  std::function<double(const ValidationSummary&)> scheduler_metric;
 };
 
 /// The optimizer names check_optimizer_config accepts, in documentation order.

@@ -203,14 +203,16 @@ class TrainingStrategy {
   void register_hook(std::shared_ptr<Hook> hook, TrainingStage stage);
 
   /// Seed 002 close(): ends the strategy's use of its resources: calls
-  /// close() on every registered hook once (in registration order) and
+  /// close() on every registered hook once (in registration order; the
+  /// update orchestrator closes its children in reverse order, seed 001) and
   /// tears the precision plugin down. Idempotent; counters, weights and
   /// optimizer state stay (state_files() still works). Throws what a hook's
   /// close() throws, after closing the others.
   void close();
 
   /// The declarative options as JSON (seed 002 to_spec_dict; see
-  /// strategy_options_to_spec for the layout). Never throws.
+  /// strategy_options_to_spec for the layout). @throws ConfigError for an
+  /// optimizer config with a callable scheduler_metric (a spec cannot hold it).
   std::string to_spec() const;
   /// Seed 002 from_spec_dict: a strategy from to_spec() text plus the
   /// runtime pieces (`runtime` supplies device, communicator, validation
@@ -248,9 +250,13 @@ class TrainingStrategy {
   /// enter hooks; SETUP (hooks may replace the loader through
   /// TrainContext::active_dataloader); counters prepared for a restart;
   /// optimizers and schedulers built for this run's step target (rebuilt if
-  /// an earlier train_batch() built them for another one, a restored state
-  /// applied again); BEFORE_TRAINING, then per epoch BEFORE_EPOCH, the
-  /// batches (see train_batch), AFTER_EPOCH; AFTER_TRAINING; exit hooks.
+  /// an earlier train_batch() or run() built them for another one; after a
+  /// restore the rebuilt ones continue from the live optimizers' state, the
+  /// restored one plus every step since); BEFORE_TRAINING, then per epoch
+  /// BEFORE_EPOCH, the batches (see train_batch), AFTER_EPOCH;
+  /// AFTER_TRAINING; exit hooks. AFTER_EPOCH, AFTER_VALIDATION and
+  /// AFTER_TRAINING see the run's last batch and its detached loss (none
+  /// before the first batch).
   ///
   /// Restartable: counters set before the call (e.g. from a checkpoint)
   /// continue the run mid-epoch. When epoch_step_count is 0 the position in
@@ -430,15 +436,19 @@ class TrainingStrategy {
   std::vector<LrScheduler*> lr_schedulers();
 
   /// Publishes the model validation evaluates when use_ema is set (seed 002
-  /// `set_inference_model`; EmaHook publishes its averaged copy). It must
-  /// live on options().device with the live model's dtype. Null clears it.
+  /// `set_inference_model`; EmaHook publishes its averaged copy), moved to
+  /// options().device first; it must have the live model's dtype. Null
+  /// clears it.
   void set_inference_model(std::shared_ptr<EnergyModel> model) {
-    inference_models_[model_name_of_primary()] = std::move(model);
+    set_inference_model(std::move(model), model_name_of_primary());
   }
   /// Seed 002 set_inference_model(module, model_key): publishes the
   /// inference copy of the model named `model_key` (a named-model strategy
-  /// may hold one per model; validation evaluates the primary model's).
-  /// Null clears it. @throws ConfigError if no model has that name (listing them).
+  /// may hold one per model; validation evaluates the primary model's),
+  /// moved to options().device first. A single-model strategy ignores the
+  /// key (seed 002: its slot holds one module). Null clears it.
+  /// @throws ConfigError if several models are held and none has that name
+  ///   (listing them).
   void set_inference_model(std::shared_ptr<EnergyModel> model, const std::string& model_key);
   /// The published inference model of the primary model, or null.
   std::shared_ptr<EnergyModel> inference_model() const {
@@ -509,6 +519,9 @@ class TrainingStrategy {
   void enter_hooks();
   void exit_hooks(bool failed);
   TrainContext make_context(const Batch* batch);
+  /// make_context with the last trained batch and its detached losses
+  /// (none before the first batch of a run).
+  TrainContext make_after_batch_context();
   void ensure_precision_hook();
 
   /// One optimizer config with its model and message paths.
@@ -536,12 +549,19 @@ class TrainingStrategy {
   /// World size of a restored checkpoint when it differs from this run's.
   std::optional<int64_t> saved_world_size_;
   std::optional<ValidationSummary> last_validation_;
+  /// The last trained batch of this run and its detached losses: the
+  /// context of AFTER_EPOCH, AFTER_VALIDATION and AFTER_TRAINING (seed 002).
+  std::optional<Batch> last_batch_;
+  std::optional<LossOutput> last_losses_;
   bool has_do_backward_ = false;
   bool has_update_orchestrator_ = false;
   int64_t optimizer_horizon_ = 0;  ///< total_steps the optimizers were built for
-  /// Optimizer, scheduler and gradient files of the last restore_state_files
-  /// (applied again when run() rebuilds the optimizers).
-  std::map<std::string, std::string> restored_state_;
+  /// The gradient ("grads.<model>.pt"), optimizer, lr and scheduler files
+  /// of state_files(): what apply_pending_optimizer_state takes.
+  std::vector<std::pair<std::string, std::string>> optimizer_state_files();
+  /// A checkpoint was restored: a later optimizer rebuild carries the live
+  /// optimizers' state over (optimizer_state_files).
+  bool restored_ = false;
   DataLoader* active_dataloader_ = nullptr;
   std::set<const Hook*> closed_;  ///< hooks close() has closed
   bool has_do_optimizer_step_ = false;

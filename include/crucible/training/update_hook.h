@@ -211,6 +211,9 @@ class TrainingUpdateOrchestrator : public Hook {
   /// Exits every child in reverse order; rethrows the first exception after
   /// all children exited.
   void exit(bool failed) override;
+  /// Seed 001 close(): closes every child in reverse order; rethrows the
+  /// first exception after all children were closed.
+  void close() override;
 
   /// Children in dispatch order.
   const std::vector<std::shared_ptr<TrainingUpdateHook>>& hooks() const { return hooks_; }

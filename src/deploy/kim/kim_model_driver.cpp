@@ -9,8 +9,8 @@
 // Design: docs/deployment_kim.md; the physics is evaluate_cluster
 // (crucible/deploy/cluster.h).
 
-#include "crucible/cli/kim_settings.h"
-#include "crucible/cli/model_io.h"
+#include "crucible/deploy/kim_settings.h"
+#include "crucible/run/model_io.h"
 #include "crucible/data/extxyz.h"
 #include "crucible/deploy/cluster.h"
 #include "crucible/training/allocator.h"

@@ -1,8 +1,8 @@
-// Parity plots (see include/crucible/cli/parity_plot.h).
+// Parity plots (see include/crucible/report/parity_plot.h).
 
-#include "crucible/cli/parity_plot.h"
+#include "crucible/report/parity_plot.h"
 
-#include "crucible/cli/plot_axes.h"
+#include "crucible/report/plot_axes.h"
 #include "crucible/common/error.h"
 
 #include <fmt/format.h>

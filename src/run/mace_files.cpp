@@ -5,9 +5,9 @@
 // mace_export.h).
 
 #include "crucible/checkpoint/sha256.h"
-#include "crucible/cli/commands.h"
-#include "crucible/cli/fine_tuning.h"
-#include "crucible/cli/model_io.h"
+#include "crucible/run/mace_files.h"
+#include "crucible/run/fine_tuning.h"
+#include "crucible/run/model_io.h"
 #include "crucible/common/error.h"
 #include "crucible/models/mace/mace_export.h"
 #include "crucible/models/mace/mace_import.h"

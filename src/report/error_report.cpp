@@ -1,6 +1,6 @@
-// See include/crucible/cli/error_report.h.
+// See include/crucible/report/error_report.h.
 
-#include "crucible/cli/error_report.h"
+#include "crucible/report/error_report.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -2,8 +2,8 @@
 // Fine-tuning (issue 18): model.init_from starts a run from a trained model's
 // weights; training.freeze keeps parameters matching a regex fixed.
 
-#include "crucible/cli/e0s.h"
-#include "crucible/cli/model_io.h"
+#include "crucible/run/e0s.h"
+#include "crucible/run/model_io.h"
 #include "crucible/config/config.h"
 #include "crucible/data/structure.h"
 #include "crucible/models/energy_model.h"

@@ -1,6 +1,6 @@
 // metrics.jsonl hook and the learning curve written at its exit.
 
-#include "crucible/cli/metrics_log.h"
+#include "crucible/report/metrics_log.h"
 
 #include <cstring>
 

@@ -1,6 +1,6 @@
-// See include/crucible/cli/kim_settings.h.
+// See include/crucible/deploy/kim_settings.h.
 
-#include "crucible/cli/kim_settings.h"
+#include "crucible/deploy/kim_settings.h"
 
 #include "crucible/common/dtype_names.h"
 #include "crucible/common/error.h"

@@ -1,6 +1,6 @@
-// Missing label keys (issue 18). See include/crucible/cli/label_keys.h.
+// Missing label keys (issue 18). See include/crucible/run/label_keys.h.
 
-#include "crucible/cli/label_keys.h"
+#include "crucible/run/label_keys.h"
 
 #include <algorithm>
 #include <cctype>

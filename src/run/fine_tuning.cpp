@@ -1,8 +1,8 @@
-// Fine-tuning (issue 18). See include/crucible/cli/fine_tuning.h.
+// Fine-tuning (issue 18). See include/crucible/run/fine_tuning.h.
 
-#include "crucible/cli/fine_tuning.h"
+#include "crucible/run/fine_tuning.h"
 
-#include "crucible/cli/commands.h"
+#include "crucible/run/data_paths.h"
 #include "crucible/common/dtype_names.h"
 #include "crucible/common/error.h"
 #include "crucible/data/batch.h"

@@ -2,7 +2,7 @@
 // metrics.jsonl: one JSON object per logged training step and per validation,
 // and the learning-curve picture drawn from the same data.
 
-#include "crucible/cli/learning_curve.h"
+#include "crucible/report/learning_curve.h"
 #include "crucible/training/hook.h"
 
 #include <chrono>

@@ -1,7 +1,7 @@
 // model.pt (LibTorch archive) + model.json (metadata) of a trained model.
 
 #include "crucible/common/dtype_names.h"
-#include "crucible/cli/model_io.h"
+#include "crucible/run/model_io.h"
 
 #include "crucible/checkpoint/tensor_archive.h"
 #include "crucible/common/error.h"

@@ -1,6 +1,6 @@
 // learning_curve.svg: training loss and validation MAEs against the step.
 
-#include "crucible/cli/learning_curve.h"
+#include "crucible/report/learning_curve.h"
 
 #include "crucible/common/error.h"
 

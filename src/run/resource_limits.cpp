@@ -1,7 +1,7 @@
 // Resource limits checked before allocation. See
-// include/crucible/cli/resource_limits.h.
+// include/crucible/run/resource_limits.h.
 
-#include "crucible/cli/resource_limits.h"
+#include "crucible/run/resource_limits.h"
 #include "crucible/models/registry.h"
 
 #include "crucible/common/error.h"

@@ -1,6 +1,6 @@
-// data.e0s (issue 18). See include/crucible/cli/e0s.h.
+// data.e0s (issue 18). See include/crucible/run/e0s.h.
 
-#include "crucible/cli/e0s.h"
+#include "crucible/run/e0s.h"
 
 #include "crucible/common/error.h"
 #include "crucible/data/extxyz.h"

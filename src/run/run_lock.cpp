@@ -1,6 +1,6 @@
-// RunDirLock. See include/crucible/cli/run_lock.h.
+// RunDirLock. See include/crucible/run/run_lock.h.
 
-#include "crucible/cli/run_lock.h"
+#include "crucible/run/run_lock.h"
 
 #include "crucible/common/error.h"
 

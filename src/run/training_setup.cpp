@@ -1,11 +1,11 @@
 // build_training / load_training_from_checkpoint: a run from its recipe.
 
 #include "crucible/common/dtype_names.h"
-#include "crucible/cli/training_setup.h"
+#include "crucible/run/training_setup.h"
 
-#include "crucible/cli/e0s.h"
-#include "crucible/cli/fine_tuning.h"
-#include "crucible/cli/label_keys.h"
+#include "crucible/run/e0s.h"
+#include "crucible/run/fine_tuning.h"
+#include "crucible/run/label_keys.h"
 #include "crucible/data/label_audit.h"
 #include "crucible/data/formats.h"
 #include "crucible/models/energy_normalization.h"
@@ -17,8 +17,8 @@
 #include <limits>
 #include <numeric>
 
-#include "crucible/cli/commands.h"
-#include "crucible/cli/resource_limits.h"
+#include "crucible/run/data_paths.h"
+#include "crucible/run/resource_limits.h"
 #include "crucible/training/memory_estimate.h"
 #include "crucible/common/error.h"
 #include "crucible/training/thread_choice.h"

@@ -1,6 +1,6 @@
-// See include/crucible/cli/plot_axes.h.
+// See include/crucible/report/plot_axes.h.
 
-#include "crucible/cli/plot_axes.h"
+#include "crucible/report/plot_axes.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // Live progress bar, per-epoch progress line and metrics.csv hooks.
 
-#include "crucible/cli/progress.h"
-#include "crucible/cli/metrics_log.h"
+#include "crucible/report/progress.h"
+#include "crucible/report/metrics_log.h"
 
 #include <filesystem>
 
