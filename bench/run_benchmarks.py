@@ -110,6 +110,10 @@ def main():
     nl_ase_ms, nl_atoms = ase_neighbor_list_ms(data)
     scaling = [fields(l) for l in run([os.path.join(bench, "bench_size_scaling")], env).splitlines() if l.startswith("atoms=")]
     hooks = fields(last_line(run([os.path.join(bench, "bench_hook_dispatch")], env), "hooks="))
+    # Issue 49: an empty Python hook in the C++ loop.
+    py_out = run([sys.executable, os.path.join(HERE, "bench_python_hooks.py"), "--build", a.build], env)
+    py_call = fields(last_line(py_out, "python_hook_us_per_call"))
+    py_run = fields(last_line(py_out, "python_hook_in_run"))
 
     print(f"Crucible benchmarks ({time.strftime('%Y-%m-%d')}, {os.uname().nodename}, 1 thread, "
           f"{a.steps} training steps, 32-atom fcc Cu EMT, 500 frames, first 50 for validation)")
@@ -152,6 +156,11 @@ def main():
     print(f"hook dispatch: {float(hooks['ns_per_stage_dispatch']):.0f} ns per stage with 10 hooks "
           f"({float(hooks['ns_per_stage_no_hooks']):.0f} ns with none, "
           f"{float(hooks['ns_per_hook_call']):.0f} ns per hook call)")
+    print(f"Python hooks: {float(py_call['python_hook']):.2f} µs per call of an empty crucible.Hook, "
+          f"{float(py_call['python_update_hook']):.2f} µs of an empty TrainingUpdateHook "
+          f"({float(py_call['cpp_lambda']) * 1000:.0f} ns for a C++ hook); in a {py_run['steps']}-step TiAl run with "
+          f"both on every stage ({py_run['calls']} calls): {float(py_run['us_per_stage_call']):.1f} µs per call, "
+          f"{float(py_run['overhead_pct']):.1f}% of the run")
     print(f"memory over 10000 training steps (small model, 10 hooks): resident {int(hooks['rss_kib_step_1000'])} KiB "
           f"after step 1000, {int(hooks['rss_kib_step_10000'])} KiB after step 10000")
     print()

@@ -19,6 +19,8 @@
 #include "crucible/training/allocator.h"
 #include "python/training.h"
 
+#include <torch/version.h>
+
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -162,6 +164,9 @@ PYBIND11_MODULE(_crucible, m) {
       "`crucible import mace FILE [--hyperparameters JSON] --out OUT_DIR` (issue 46): returns what it printed. "
       "Raises RuntimeError naming the file for input it cannot use.");
   crucible::python::bind_training(m);
+  // The LibTorch this module was built against (crucible/_build.py holds
+  // the same for the check before import).
+  m.attr("_libtorch_version") = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
   m.def("empty_cache", &crucible::empty_large_block_cache,
         "Returns the idle large blocks (16 MiB or more) that loading a model keeps for the next call to the "
         "kernel, and the number of bytes returned; the next large call page-faults its memory again.");

@@ -68,3 +68,11 @@ echo "== CPU suites under this LibTorch"
 (cd $B && timeout ${CTEST_TIMEOUT:-200} ctest -j "$J" --output-on-failure -E "python|lammps|data_readers|sigkill" \
   >"$LOG/ctest.txt" 2>&1; echo "ctest rc $?")
 grep -E "tests passed|Failed|\*\*\*|FAILED" "$LOG/ctest.txt" | head -40
+
+echo "== the Python module against this torch, and its training tests (issue 49)"
+# The same build as scripts/build_python.sh, in this build tree.
+cmake -S . -B $B -DCRUCIBLE_BUILD_PYTHON=ON >>"$LOG/configure.txt" 2>&1 &&
+  timeout ${PY_BUILD_TIMEOUT:-240} ninja -C $B -j "$J" _crucible >"$LOG/python_build.txt" 2>&1
+echo "python module build rc $?"; grep -E "error" "$LOG/python_build.txt" | head -20
+timeout 120 python3 tests/python/test_training.py $B/python $B/python_training_work >"$LOG/python_training.txt" 2>&1
+echo "python training tests rc $?"; grep -E "^(OK|FAILED|Ran)|Error|skipped" "$LOG/python_training.txt" | head -20

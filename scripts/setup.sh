@@ -15,6 +15,7 @@ PACKAGES=(
   libgloo-dev                # Gloo headers for c10d ProcessGroupGloo (data-parallel training)
   python3 python3-ase python3-torch python3-numpy python3-scipy python3-sympy   # test oracles
   pybind11-dev python3-dev   # the crucible Python module and its ASE calculator (issue 17)
+  python3-matplotlib   # examples/python_training.py plots its learning curve (issue 49)
   lammps libkim-api-dev      # LAMMPS through a KIM portable model (issue 17; docs/deployment_kim.md)
   clang libclang-rt-14-dev llvm   # libFuzzer targets (scripts/fuzz.sh), llvm-symbolizer for sanitizer reports
 )

@@ -14,14 +14,23 @@ A pickled MACE .model: python3 -m crucible.mace_to_pt MODEL OUT.pt --import RUN_
 Put build/python on PYTHONPATH (README). Energies in eV, forces in eV/Å,
 stress in eV/Å^3 with ASE's sign convention.
 """
-import torch  # noqa: F401  (first: parameters reach hooks as torch.Tensor through DLPack)
+import torch  # first: parameters reach hooks as torch.Tensor through DLPack
 
-from ._crucible import Model as _Model
-from ._crucible import empty_cache
-from ._crucible import import_mace
-from .calculator import Calculator
+from ._build import LIBTORCH_VERSION
+
+# Checked before the extension loads: a second LibTorch in the process is
+# not safe to load at all.
+if ".".join(torch.__version__.split(".")[:2]) != ".".join(LIBTORCH_VERSION.split(".")[:2]):
+    raise ImportError("crucible: this module was built against LibTorch %s, but this Python's torch is %s (%s); "
+                      "build it for this Python with: PYTHON=%s bash scripts/build_python.sh"
+                      % (LIBTORCH_VERSION, torch.__version__, torch.__file__, __import__("sys").executable))
+
+from ._crucible import Model as _Model  # noqa: E402
+from ._crucible import empty_cache  # noqa: E402
+from ._crucible import import_mace  # noqa: E402
+from .calculator import Calculator  # noqa: E402
 from .training import (ConfigError, Context, DataError, Hook, HookError, Run, TrainingError, TrainingStage,
-                       TrainingUpdateHook, resume, train)
+                       TrainingUpdateHook, resume, train)  # noqa: E402
 
 
 def load_model(path, dtype=None, exact=False):

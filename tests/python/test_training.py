@@ -23,6 +23,8 @@ PYDIR, WORK = sys.argv[1], sys.argv[2]
 sys.argv = sys.argv[:1]
 sys.path.insert(0, PYDIR)
 
+import importlib.util  # noqa: E402
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -228,12 +230,30 @@ class ErrorsTest(unittest.TestCase):
             crucible.train(recipe(num_steps=2), hooks=[ReturnsLoss()], run_dir=run_dir("loss"))
         self.assertIn("a loss cannot be returned from Python", str(caught.exception))
 
+    @unittest.skipUnless(importlib.util.find_spec("ase"), "needs python3-ase")
     def test_run_gives_a_calculator(self):
         run = crucible.train(recipe(num_steps=2), run_dir=run_dir("calc"))
         from ase import Atoms
         atoms = Atoms("AlTi", positions=[[0, 0, 0], [2.5, 0.3, 0.1]], cell=[8, 8, 8], pbc=True)
         atoms.calc = run.calculator()
         self.assertTrue(abs(atoms.get_potential_energy()) > 0)
+
+
+class ExampleTest(unittest.TestCase):
+    @unittest.skipUnless(importlib.util.find_spec("ase") and importlib.util.find_spec("matplotlib"),
+                         "needs python3-ase and python3-matplotlib")
+    def test_the_notebook_example_trains_plots_and_evaluates(self):
+        import subprocess
+        source = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        out = run_dir("example")
+        done = subprocess.run([sys.executable, os.path.join(source, "examples", "python_training.py"),
+                               "--out", out, "--epochs", "2"], env=dict(os.environ, PYTHONPATH=PYDIR),
+                              capture_output=True, text=True)
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        self.assertIn("last 20 frames of the file through the calculator", done.stdout)
+        png = os.path.join(out, "python_learning_curve.png")
+        with open(png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
 
 if __name__ == "__main__":
