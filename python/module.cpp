@@ -164,6 +164,7 @@ PYBIND11_MODULE(_crucible, m) {
       "`crucible import mace FILE [--hyperparameters JSON] --out OUT_DIR` (issue 46): returns what it printed. "
       "Raises RuntimeError naming the file for input it cannot use.");
   crucible::python::bind_training(m);
+  crucible::python::bind_parts(m);
   // The LibTorch this module was built against (crucible/_build.py holds
   // the same for the check before import).
   m.attr("_libtorch_version") = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);

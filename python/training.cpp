@@ -52,12 +52,6 @@ py::object to_torch(const at::Tensor& t) {
 
 // ------------------------------------------------------------ errors
 
-/// The first Python exception a hook of the run raised, with its traceback.
-struct HookErrors {
-  std::mutex mutex;
-  std::string first;
-};
-
 /// "Traceback (most recent call last): ..." of the exception `e` holds.
 std::string format_python_error(py::error_already_set& e) {
   try {
@@ -241,22 +235,6 @@ class PyUpdateHook : public TrainingUpdateHook {
   int priority_ = update_priority::kDefault;
 };
 
-/// The hooks (kind, object) pairs wrapped for the run, in the given order.
-std::vector<std::shared_ptr<Hook>> wrap_hooks(const py::list& hooks, const std::shared_ptr<HookErrors>& errors) {
-  std::vector<std::shared_ptr<Hook>> out;
-  for (const auto& item : hooks) {
-    const auto pair = item.cast<py::tuple>();
-    const std::string kind = pair[0].cast<std::string>();
-    py::object obj = py::reinterpret_borrow<py::object>(pair[1]);
-    if (kind == "update") {
-      out.push_back(std::make_shared<PyUpdateHook>(std::move(obj), errors));
-    } else {
-      out.push_back(std::make_shared<PyHook>(std::move(obj), errors));
-    }
-  }
-  return out;
-}
-
 // ------------------------------------------------------------ output
 
 /// An ostream buffer that hands whole lines to a Python file object
@@ -330,6 +308,21 @@ py::dict run(const Config& config, const std::string& command, const ResumeOptio
 
 }  // namespace
 
+std::vector<std::shared_ptr<Hook>> wrap_hooks(const py::list& hooks, const std::shared_ptr<HookErrors>& errors) {
+  std::vector<std::shared_ptr<Hook>> out;
+  for (const auto& item : hooks) {
+    const auto pair = item.cast<py::tuple>();
+    const std::string kind = pair[0].cast<std::string>();
+    py::object obj = py::reinterpret_borrow<py::object>(pair[1]);
+    if (kind == "update") {
+      out.push_back(std::make_shared<PyUpdateHook>(std::move(obj), errors));
+    } else {
+      out.push_back(std::make_shared<PyHook>(std::move(obj), errors));
+    }
+  }
+  return out;
+}
+
 // ------------------------------------------------------------ Context
 
 void Context::check() const {
@@ -379,7 +372,10 @@ std::vector<double> Context::learning_rates() const {
 py::object Context::validation() const {
   check();
   if (!ctx_->validation) return py::none();
-  const ValidationSummary& v = *ctx_->validation;
+  return summary_dict(*ctx_->validation);
+}
+
+py::dict summary_dict(const ValidationSummary& v) {
   py::dict d;
   for (const auto& [k, x] : v.as_map()) d[py::str(k)] = x;
   d["loss"] = v.loss;

@@ -3,10 +3,13 @@
 // registered into the _crucible module by python/module.cpp.
 
 #include "crucible/training/hook.h"
+#include "crucible/training/metrics.h"
 #include "crucible/training/stages.h"
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -47,6 +50,25 @@ class Context {
   TrainContext* ctx_;
   TrainingStage stage_;
 };
+
+/// The first Python exception a hook of a run raised, with its traceback
+/// (the run stops after that batch; the caller raises crucible.HookError).
+struct HookErrors {
+  std::mutex mutex;
+  std::string first;
+};
+
+/// (kind, object) pairs ("hook" or "update", a crucible.Hook or
+/// TrainingUpdateHook) as C++ hooks, in the given order; their Python
+/// exceptions go to `errors`. @throws std::invalid_argument for bad stages.
+std::vector<std::shared_ptr<Hook>> wrap_hooks(const pybind11::list& hooks, const std::shared_ptr<HookErrors>& errors);
+
+/// A validation summary as a dict: ErrorMetrics::as_map() keys (meV/atom,
+/// meV/Å, meV/Å³), loss, loss_components, num_structures, inference_model.
+pybind11::dict summary_dict(const ValidationSummary& summary);
+
+/// Registers _Dataset, _DataLoader, _Model and _Strategy (python/parts.cpp).
+void bind_parts(pybind11::module_& m);
 
 /// Registers TrainingStage, Context, the error types (ConfigError,
 /// DataError as ValueError; TrainingError as RuntimeError) and _train,

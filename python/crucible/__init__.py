@@ -3,6 +3,7 @@
     import crucible
     run = crucible.train("configs/ethanol.yaml", hooks=[MyHook()])  # crucible.training
     crucible.resume(run.run_dir)                      # an interrupted run, exactly
+    crucible.TrainingStrategy(model, spec, ...)       # from parts (crucible.parts)
     calc = crucible.Calculator("runs/default")        # an ASE calculator
     model = crucible.load_model("runs/default")       # metadata and compute()
     crucible.empty_cache()    # the memory kept between calls back to the system
@@ -31,6 +32,7 @@ from ._crucible import import_mace  # noqa: E402
 from .calculator import Calculator  # noqa: E402
 from .training import (ConfigError, Context, DataError, Hook, HookError, Run, TrainingError, TrainingStage,
                        TrainingUpdateHook, resume, train)  # noqa: E402
+from .parts import DataLoader, Dataset, TrainingStrategy, build_model  # noqa: E402
 
 
 def load_model(path, dtype=None, exact=False):
@@ -47,5 +49,6 @@ def load_model(path, dtype=None, exact=False):
     return _Model(str(path), "" if dtype is None else dtype, bool(exact))
 
 
-__all__ = ["Calculator", "ConfigError", "Context", "DataError", "Hook", "HookError", "Run", "TrainingError",
-           "TrainingStage", "TrainingUpdateHook", "empty_cache", "import_mace", "load_model", "resume", "train"]
+__all__ = ["Calculator", "ConfigError", "Context", "DataError", "DataLoader", "Dataset", "Hook", "HookError", "Run",
+           "TrainingError", "TrainingStage", "TrainingStrategy", "TrainingUpdateHook", "build_model", "empty_cache",
+           "import_mace", "load_model", "resume", "train"]

@@ -2,6 +2,7 @@
 
 #include "crucible/common/dtype_names.h"
 #include "crucible/run/model_io.h"
+#include "crucible/run/run_dir.h"
 
 #include "crucible/checkpoint/tensor_archive.h"
 #include "crucible/common/error.h"
@@ -27,20 +28,6 @@ namespace {
 
 constexpr const char* kFormat = "crucible-model";
 constexpr int kVersion = 1;
-
-void write_text_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw DataError(tmp.string() + ": cannot be created");
-    out << text;
-    out.flush();
-    if (!out) throw DataError(tmp.string() + ": write failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw DataError(path.string() + ": cannot be written (" + ec.message() + ")");
-}
 
 json unit_json(const UnitSetting& u) {
   if (u.name.empty()) return u.factor;
@@ -110,7 +97,7 @@ void save_model(const std::string& run_dir, EnergyModel& model, const ModelMetad
                {"forces_unit", unit_json(d.forces_unit)},
                {"stress_unit", unit_json(d.stress_unit)},
                {"train_file", d.train_file}};
-  write_text_atomically(dir / "model.json", j.dump(2) + "\n");
+  write_file_atomically(dir / "model.json", j.dump(2) + "\n");
 }
 
 LoadedModel load_model(const std::string& path) {

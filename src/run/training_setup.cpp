@@ -2,6 +2,7 @@
 
 #include "crucible/common/dtype_names.h"
 #include "crucible/run/training_setup.h"
+#include "crucible/run/model_from_data.h"
 
 #include "crucible/run/e0s.h"
 #include "crucible/run/fine_tuning.h"
@@ -380,24 +381,15 @@ TrainingSetup build_training(const Config& input_config,
   mctx.params = &config.model.params;
   mctx.cutoff = cutoff;
   mctx.elements.assign(elements.begin(), elements.end());
-  // One pass over the training neighbor lists: the mean neighbor count
-  // (MACE's avg_num_neighbors) and the closest pair (model.json's minimum).
-  double min_pair = std::numeric_limits<double>::infinity();
+  // The training neighbor lists (not the replay pool's): the mean neighbor
+  // count (MACE's avg_num_neighbors) and the closest pair (model.json's minimum).
+  const NeighborStats stats = neighbor_stats(*train_ds, static_cast<int64_t>(train.size()));
+  const double min_pair = stats.min_pair_distance;
+  mctx.avg_num_neighbors = stats.avg_num_neighbors;
   {
-    int64_t edges = 0, atoms = 0;
-    for (int64_t k = 0; k < static_cast<int64_t>(train.size()); ++k) {
-      const NeighborList& nl = train_ds->neighbor_list(k);
-      edges += nl.num_edges();
-      atoms += train[static_cast<size_t>(k)].num_atoms();
-      if (nl.num_edges() == 0) continue;
-      const at::Tensor pos = train[static_cast<size_t>(k)].positions.to(at::kDouble);
-      const at::Tensor r = pos.index_select(0, nl.edge_index[1]) - pos.index_select(0, nl.edge_index[0]) + nl.shift_vectors;
-      min_pair = std::min(min_pair, r.norm(2, 1).min().item<double>());
-    }
-    mctx.avg_num_neighbors = atoms > 0 ? static_cast<double>(edges) / static_cast<double>(atoms) : 1.0;
     const bool could_have_pairs = std::any_of(train.begin(), train.end(),
                                               [](const Structure& s) { return s.num_atoms() > 1 || s.periodic(); });
-    if (edges == 0 && could_have_pairs) {  // issue 47: a model that sees no neighbor learns nothing
+    if (stats.edges == 0 && could_have_pairs) {  // issue 47: a model that sees no neighbor learns nothing
       throw ConfigError(fmt::format("{} {:g} Å leaves every atom of {} without a neighbor (no pair closer than the "
                                     "cutoff in {} structures); MLIP cutoffs are usually 4-6 Å",
                                     imported_source ? "the imported model's cutoff" : "model.cutoff", cutoff,
