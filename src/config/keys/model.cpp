@@ -11,10 +11,6 @@
 namespace crucible::config_schema {
 
 void add_model_keys(KeyTable& t) {
-  auto add = [&t](std::string path, Kind kind, std::string units, std::string doc,
-                 std::function<void*(Config&)> ref) -> Key& {
-    return t.add(std::move(path), kind, std::move(units), std::move(doc), std::move(ref));
-  };
   // model: the type and cutoff here; every other key belongs to a
   // registered model (crucible/models/registry.h) as model.<type>.<name>.
   {
@@ -24,16 +20,16 @@ void add_model_keys(KeyTable& t) {
       types.push_back(f.type);
       listed += (listed.empty() ? "" : "; ") + f.type + ": " + f.description;
     }
-    add("model.type", Kind::kString, "",
+    t.add("model.type", Kind::kString, "",
         "Model architecture; its hyperparameters are the keys model.<type>.*. " + listed + ".",
         [](Config& c) -> void* { return &c.model.type; })
         .choices = types;
   }
-  min_excl(add("model.cutoff", Kind::kFloat, "\xC3\x85",
+  min_excl(t.add("model.cutoff", Kind::kFloat, "\xC3\x85",
                "Neighbor cutoff radius (r_max); interactions vanish smoothly at it.",
                [](Config& c) -> void* { return &c.model.cutoff; }),
            0.0);
-  add("model.init_from", Kind::kOptString, "",
+  t.add("model.init_from", Kind::kOptString, "",
       "Fine-tuning: start from the weights of this trained model (a run directory, or a model.pt "
       "with model.json beside it) of the same model.type and settings, every parameter whose "
       "shape differs named in an error; or from a MACE file (a _compiled.model, or a .pt with "
@@ -41,14 +37,14 @@ void add_model_keys(KeyTable& t) {
       "set to another value is refused). The source's energy scale and shift are kept; the E0s "
       "follow data.e0s (foundation keeps the source's). null = random initialization.",
       [](Config& c) -> void* { return &c.model.init_from; });
-  add("model.scaling", Kind::kString, "",
+  t.add("model.scaling", Kind::kString, "",
       "Energy scale of the learned part (MACE --scaling): rms_forces_scaling (RMS of the "
       "training force components), std_scaling (standard deviation of the per-atom residual "
       "energy (E - sum E0)/N) or no_scaling (1). Not with model.init_from (the source's scale "
       "is kept).",
       [](Config& c) -> void* { return &c.model.scaling; })
       .choices = {"rms_forces_scaling", "std_scaling", "no_scaling"};
-  add("model.shift", Kind::kString, "",
+  t.add("model.shift", Kind::kString, "",
       "Per-atom energy shift of the learned part: mean (mean per-atom residual energy of the "
       "training set, MACE's ScaleShiftMACE) or zero (MACE's default model, whose E0s alone carry "
       "the mean). Not with model.init_from (the source's shift is kept).",
@@ -62,7 +58,7 @@ void add_model_keys(KeyTable& t) {
       if (std::holds_alternative<int64_t>(mk.default_value)) kind = Kind::kInt;
       if (std::holds_alternative<double>(mk.default_value)) kind = Kind::kFloat;
       if (std::holds_alternative<std::vector<int64_t>>(mk.default_value)) kind = Kind::kIntList;
-      Key& key = add("model." + id, kind, mk.units, mk.doc + " (model.type: " + f.type + ")",
+      Key& key = t.add("model." + id, kind, mk.units, mk.doc + " (model.type: " + f.type + ")",
                      [id, kind](Config& c) -> void* {
                        ModelParamValue& v = c.model.params[id];
                        switch (kind) {

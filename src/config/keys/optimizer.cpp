@@ -12,77 +12,73 @@
 namespace crucible::config_schema {
 
 void add_optimizer_keys(KeyTable& t) {
-  auto add = [&t](std::string path, Kind kind, std::string units, std::string doc,
-                 std::function<void*(Config&)> ref) -> Key& {
-    return t.add(std::move(path), kind, std::move(units), std::move(doc), std::move(ref));
-  };
-  add("training.optimizer.name", Kind::kString, "",
+  t.add("training.optimizer.name", Kind::kString, "",
       "Optimizer (PyTorch semantics): adam, adamw, sgd, rmsprop or adagrad. Options an "
       "optimizer does not have must keep their defaults.",
       [](Config& c) -> void* { return &c.training.optimizer.name; })
       .choices = {"adam", "adamw", "sgd", "rmsprop", "adagrad"};
-  min_excl(add("training.optimizer.lr", Kind::kFloat, "", "Learning rate.",
+  min_excl(t.add("training.optimizer.lr", Kind::kFloat, "", "Learning rate.",
                [](Config& c) -> void* { return &c.training.optimizer.lr; }),
            0.0);
-  min_incl(add("training.optimizer.weight_decay", Kind::kFloat, "",
+  min_incl(t.add("training.optimizer.weight_decay", Kind::kFloat, "",
                "Weight decay: L2 penalty for adam, decoupled decay for adamw.",
                [](Config& c) -> void* { return &c.training.optimizer.weight_decay; }),
            0.0);
   {
-    Key& key = add("training.optimizer.beta1", Kind::kFloat, "",
+    Key& key = t.add("training.optimizer.beta1", Kind::kFloat, "",
                    "Adam coefficient of the running mean of gradients, in [0, 1).",
                    [](Config& c) -> void* { return &c.training.optimizer.beta1; });
     key.min = 0.0;
     key.max = 1.0;
   }
   {
-    Key& key = add("training.optimizer.beta2", Kind::kFloat, "",
+    Key& key = t.add("training.optimizer.beta2", Kind::kFloat, "",
                    "Adam coefficient of the running mean of squared gradients, in [0, 1).",
                    [](Config& c) -> void* { return &c.training.optimizer.beta2; });
     key.min = 0.0;
     key.max = 1.0;
   }
-  min_excl(add("training.optimizer.eps", Kind::kFloat, "",
+  min_excl(t.add("training.optimizer.eps", Kind::kFloat, "",
                "Adam denominator term for numerical stability.",
                [](Config& c) -> void* { return &c.training.optimizer.eps; }),
            0.0);
-  add("training.optimizer.amsgrad", Kind::kBool, "", "Use the AMSGrad variant of Adam.",
+  t.add("training.optimizer.amsgrad", Kind::kBool, "", "Use the AMSGrad variant of Adam.",
       [](Config& c) -> void* { return &c.training.optimizer.amsgrad; });
-  min_incl(add("training.optimizer.momentum", Kind::kFloat, "",
+  min_incl(t.add("training.optimizer.momentum", Kind::kFloat, "",
                "sgd / rmsprop: momentum factor.",
                [](Config& c) -> void* { return &c.training.optimizer.momentum; }),
            0.0);
-  min_incl(add("training.optimizer.dampening", Kind::kFloat, "", "sgd: dampening of the momentum.",
+  min_incl(t.add("training.optimizer.dampening", Kind::kFloat, "", "sgd: dampening of the momentum.",
                [](Config& c) -> void* { return &c.training.optimizer.dampening; }),
            0.0);
-  add("training.optimizer.nesterov", Kind::kBool, "",
+  t.add("training.optimizer.nesterov", Kind::kBool, "",
       "sgd: Nesterov momentum (needs momentum > 0 and dampening 0).",
       [](Config& c) -> void* { return &c.training.optimizer.nesterov; });
   {
-    Key& key = add("training.optimizer.alpha", Kind::kFloat, "",
+    Key& key = t.add("training.optimizer.alpha", Kind::kFloat, "",
                    "rmsprop: smoothing constant of the squared-gradient average, in [0, 1).",
                    [](Config& c) -> void* { return &c.training.optimizer.alpha; });
     key.min = 0.0;
     key.max = 1.0;
   }
-  add("training.optimizer.centered", Kind::kBool, "",
+  t.add("training.optimizer.centered", Kind::kBool, "",
       "rmsprop: normalise by the centred second moment.",
       [](Config& c) -> void* { return &c.training.optimizer.centered; });
-  min_incl(add("training.optimizer.lr_decay", Kind::kFloat, "", "adagrad: learning-rate decay.",
+  min_incl(t.add("training.optimizer.lr_decay", Kind::kFloat, "", "adagrad: learning-rate decay.",
                [](Config& c) -> void* { return &c.training.optimizer.lr_decay; }),
            0.0);
-  min_incl(add("training.optimizer.initial_accumulator_value", Kind::kFloat, "",
+  min_incl(t.add("training.optimizer.initial_accumulator_value", Kind::kFloat, "",
                "adagrad: initial value of the squared-gradient sums.",
                [](Config& c) -> void* {
                  return &c.training.optimizer.initial_accumulator_value;
                }),
            0.0);
-  add("training.optimizer.no_weight_decay", Kind::kString, "",
+  t.add("training.optimizer.no_weight_decay", Kind::kString, "",
       "Regular expression (searched in parameter names such as embedding.weight or "
       "out1.bias) of parameters put in a param group with weight_decay 0, e.g. "
       "\"embedding|bias\"; \"\" = none.",
       [](Config& c) -> void* { return &c.training.optimizer.no_weight_decay; });
-  add("training.scheduler.name", Kind::kString, "",
+  t.add("training.scheduler.name", Kind::kString, "",
       "Learning-rate schedule, stepped after every optimizer step that ran: constant, cosine "
       "(anneal from lr to lr * final_lr_factor at the last step, PyTorch/NequIP "
       "CosineAnnealingLR), step (StepLR: times gamma every step_size steps), exponential "
@@ -92,7 +88,7 @@ void add_optimizer_keys(KeyTable& t) {
       [](Config& c) -> void* { return &c.training.scheduler.name; })
       .choices = {"constant", "cosine", "step", "exponential", "plateau"};
   {
-    Key& key = add("training.scheduler.final_lr_factor", Kind::kFloat, "",
+    Key& key = t.add("training.scheduler.final_lr_factor", Kind::kFloat, "",
                    "cosine: learning rate at the last step divided by training.optimizer.lr, "
                    "in [0, 1].",
                    [](Config& c) -> void* { return &c.training.scheduler.final_lr_factor; });
@@ -100,12 +96,12 @@ void add_optimizer_keys(KeyTable& t) {
     key.max = 1.0;
     key.max_inclusive = true;
   }
-  min_incl(add("training.scheduler.step_size", Kind::kInt, "",
+  min_incl(t.add("training.scheduler.step_size", Kind::kInt, "",
                "step: optimizer steps between two decays by gamma.",
                [](Config& c) -> void* { return &c.training.scheduler.step_size; }),
            1.0);
   {
-    Key& key = add("training.scheduler.gamma", Kind::kFloat, "",
+    Key& key = t.add("training.scheduler.gamma", Kind::kFloat, "",
                    "step / exponential: multiplicative decay of the learning rate, in (0, 1].",
                    [](Config& c) -> void* { return &c.training.scheduler.gamma; });
     key.min = 0.0;
@@ -113,13 +109,13 @@ void add_optimizer_keys(KeyTable& t) {
     key.max = 1.0;
     key.max_inclusive = true;
   }
-  min_incl(add("training.scheduler.warmup_steps", Kind::kInt, "",
+  min_incl(t.add("training.scheduler.warmup_steps", Kind::kInt, "",
                "Linear warmup over this many optimizer steps before the schedule starts "
                "(PyTorch SequentialLR of LinearLR and the schedule); 0 = none. Not with plateau.",
                [](Config& c) -> void* { return &c.training.scheduler.warmup_steps; }),
            0.0);
   {
-    Key& key = add("training.scheduler.warmup_start_factor", Kind::kFloat, "",
+    Key& key = t.add("training.scheduler.warmup_start_factor", Kind::kFloat, "",
                    "Learning rate at the first warmup step divided by training.optimizer.lr, "
                    "in [0, 1].",
                    [](Config& c) -> void* { return &c.training.scheduler.warmup_start_factor; });
@@ -127,33 +123,33 @@ void add_optimizer_keys(KeyTable& t) {
     key.max = 1.0;
     key.max_inclusive = true;
   }
-  add("training.scheduler.monitor", Kind::kString, "",
+  t.add("training.scheduler.monitor", Kind::kString, "",
       "plateau: validation monitor to minimise: loss (the weighted training loss on the "
       "validation set, MACE's) or a metric (energy_mae, energy_rmse, forces_mae, forces_rmse, "
       "stress_mae, stress_rmse); a val/ prefix is accepted.",
       [](Config& c) -> void* { return &c.training.scheduler.monitor; })
       .choices = validation_monitor_names();
   {
-    Key& key = add("training.scheduler.factor", Kind::kFloat, "",
+    Key& key = t.add("training.scheduler.factor", Kind::kFloat, "",
                    "plateau: learning-rate multiplier on a plateau, in (0, 1).",
                    [](Config& c) -> void* { return &c.training.scheduler.factor; });
     key.min = 0.0;
     key.min_exclusive = true;
     key.max = 1.0;
   }
-  min_incl(add("training.scheduler.patience", Kind::kInt, "",
+  min_incl(t.add("training.scheduler.patience", Kind::kInt, "",
                "plateau: validations without improvement before the learning rate is reduced.",
                [](Config& c) -> void* { return &c.training.scheduler.patience; }),
            0.0);
-  min_incl(add("training.scheduler.threshold", Kind::kFloat, "",
+  min_incl(t.add("training.scheduler.threshold", Kind::kFloat, "",
                "plateau: relative improvement of the metric that counts as one.",
                [](Config& c) -> void* { return &c.training.scheduler.threshold; }),
            0.0);
-  min_incl(add("training.scheduler.cooldown", Kind::kInt, "",
+  min_incl(t.add("training.scheduler.cooldown", Kind::kInt, "",
                "plateau: validations to wait after a reduction before counting again.",
                [](Config& c) -> void* { return &c.training.scheduler.cooldown; }),
            0.0);
-  min_incl(add("training.scheduler.min_lr", Kind::kFloat, "",
+  min_incl(t.add("training.scheduler.min_lr", Kind::kFloat, "",
                "plateau: lower bound of the learning rate.",
                [](Config& c) -> void* { return &c.training.scheduler.min_lr; }),
            0.0);
