@@ -140,8 +140,12 @@ class Run:
 def _finish(result):
     run = Run(result)
     if result["hook_error"]:
-        raise HookError("%s\nThe run stopped after step %d with a checkpoint; continue it with "
-                        "crucible.resume(%r)" % (result["hook_error"], run.steps, run.run_dir), run)
+        if result["stopped"]:
+            after = ("The run stopped after step %d with a checkpoint; continue it with crucible.resume(%r)"
+                     % (run.steps, run.run_dir))
+        else:  # raised after the last batch (AFTER_TRAINING, the final validation): the run finished
+            after = "The run had finished; its run directory %s is complete." % run.run_dir
+        raise HookError("%s\n%s" % (result["hook_error"], after), run)
     if result["stopped"] and result["signal"]:
         raise KeyboardInterrupt("training stopped by signal %d after step %d with a checkpoint; continue "
                                 "it with crucible.resume(%r)" % (result["signal"], run.steps, run.run_dir))

@@ -157,6 +157,16 @@ class StopAndRaiseTest(unittest.TestCase):
         self.assertEqual(ea["energy"], eb["energy"])
         self.assertTrue(np.array_equal(ea["forces"], eb["forces"]))
 
+    def test_a_hook_raising_after_the_last_batch_leaves_a_finished_run(self):
+        def late(ctx, stage):
+            raise RuntimeError("late")
+
+        with self.assertRaises(crucible.HookError) as caught:
+            crucible.train(recipe(num_steps=2), hooks=[Recorder({S.AFTER_TRAINING}, late)], run_dir=run_dir("late"))
+        self.assertIn("RuntimeError: late", str(caught.exception))
+        self.assertIn("The run had finished", str(caught.exception))
+        self.assertEqual(caught.exception.run.summary["steps"], 2)
+
     def test_ctrl_c_stops_after_the_batch_and_resumes(self):
         def interrupt(ctx, stage):
             if ctx.step_count == 3:
