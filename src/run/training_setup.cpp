@@ -41,7 +41,6 @@ namespace crucible {
 
 namespace {
 
-
 std::vector<Structure> read_file(const std::string& path, const DataConfig& d,
                                  const std::string& key) {
   std::vector<Structure> s = read_structures(path, d.format, extxyz_options(d));
@@ -50,6 +49,168 @@ std::vector<Structure> read_file(const std::string& path, const DataConfig& d,
   }
   check_structures(s, key);  // issue 15: atoms, coordinates, cells, distances, energies
   return s;
+}
+
+/// The data of a run, read and checked: the training and validation
+/// structures (split or from data.valid_file), the replay pool, the
+/// isolated-atom frames of data.e0s isolated, and how validation was chosen.
+struct RunData {
+  std::string train_path;
+  std::vector<Structure> train, valid, replay, isolated;
+  std::string split_text;
+};
+
+/// Reads data.train_file, data.valid_file and training.replay.file
+/// (their paths in `config` made absolute), splits, and audits the labels
+/// of every file at once (issue 47). Warnings go to `err`.
+/// @throws DataError / ConfigError naming the file or key.
+RunData read_run_data(Config& config, std::ostream& err) {
+  const auto& tc = config.training;
+  RunData d;
+  std::vector<Structure>& train = d.train;
+  std::vector<Structure>& valid = d.valid;
+  std::vector<Structure>& replay = d.replay;
+  std::vector<Structure>& isolated = d.isolated;
+  std::string& split_text = d.split_text;
+  d.train_path = resolve_data_path(config.data.train_file, "data.train_file");
+  const std::string& train_path = d.train_path;
+  config.data.train_file = train_path;
+  std::vector<Structure> all = read_file(train_path, config.data, "data.train_file");
+  LabelAudit label_audit;  // issue 47: labels under keys not named, every file in one message
+  label_audit.add(train_path, all, extxyz_options(config.data));
+  // data.e0s isolated: the isolated-atom frames give the E0s and are
+  // neither trained nor validated on (issue 18).
+  const bool isolated_e0s = config.data.e0s.mode == "isolated";
+  if (isolated_e0s) isolated = take_isolated_atoms(all);
+  if (config.data.e0s.mode == "least_squares") {  // issue 47: name the rule their frames are for
+    const auto n_isolated = std::count_if(all.begin(), all.end(), is_isolated_atom);
+    if (n_isolated > 0) {
+      err << "crucible: warning: " << train_path << " holds " << n_isolated
+          << " isolated-atom frame" << (n_isolated > 1 ? "s" : "")
+          << " (config_type IsolatedAtom, or one atom with no periodic direction); data.e0s=isolated "
+             "takes their energies as the E0s and leaves them out of training and validation (MACE's "
+             "convention), while the default least_squares fits and validates them like any structure\n";
+    }
+  }
+  if (config.data.valid_file) {
+    const std::string valid_path = resolve_data_path(*config.data.valid_file, "data.valid_file");
+    config.data.valid_file = valid_path;
+    valid = read_file(valid_path, config.data, "data.valid_file");
+    label_audit.add(valid_path, valid, extxyz_options(config.data));
+    if (isolated_e0s) (void)take_isolated_atoms(valid);
+    train = std::move(all);
+    split_text = "validation file " + valid_path;
+  } else {
+    const int64_t n = static_cast<int64_t>(all.size());
+    if (n < 2) {
+      throw DataError(train_path + ": data.train_file must contain at least 2 structures to split "
+                                   "off a validation set, got " + std::to_string(n) +
+                      " (or set data.valid_file)");
+    }
+    auto [ti, vi] = random_split(n, config.data.valid_fraction,
+                                 static_cast<uint64_t>(config.data.seed));
+    if (ti.empty()) {
+      throw ConfigError("data.valid_fraction leaves no training structures: must be smaller, got " +
+                        fmt::format("{}", config.data.valid_fraction));
+    }
+    for (int64_t i : ti) train.push_back(all[i]);
+    for (int64_t i : vi) valid.push_back(all[i]);
+    split_text = fmt::format("valid_fraction {} of train_file, split seed {}",
+                             config.data.valid_fraction, config.data.seed);
+  }
+  all.clear();
+  // training.replay (issue 18): the pool of original structures.
+  if (tc.replay.file) {
+    const std::string replay_path = resolve_data_path(*tc.replay.file, "training.replay.file");
+    config.training.replay.file = replay_path;
+    replay = read_file(replay_path, config.data, "training.replay.file");
+    label_audit.add(replay_path, replay, extxyz_options(config.data));
+    if (isolated_e0s) (void)take_isolated_atoms(replay);
+    if (replay.empty()) throw DataError(replay_path + ": training.replay.file holds no structure to replay");
+    for (auto& s : replay) s.weight *= tc.replay.weight;
+  }
+
+  label_audit.throw_if_any();
+  return d;
+}
+
+/// The loss of the run: the terms of `lc` with a positive weight whose
+/// label the training data has (`tl`), with their schedules, config_type
+/// weights and normalization; `text` describes it for the header. A
+/// weighted term without labels is dropped with a warning on `err`.
+/// @throws ConfigError when no term is left.
+struct RunLoss {
+  WeightedSumLoss loss;
+  std::vector<std::string> terms;
+  std::string text;
+};
+
+RunLoss build_run_loss(const LossSettings& lc, const LabelCounts& tl, const DataConfig& data, std::ostream& err) {
+  RunLoss out;
+  WeightedSumLoss& loss = out.loss;
+  std::vector<std::string>& terms = out.terms;
+  std::string& loss_text = out.text;
+  auto add_term = [&](const std::string& name, const std::string& desc) {
+    auto schedule = loss_weight_schedule(lc, name);
+    loss.add(loss_term(lc, name), schedule);
+    terms.push_back(name);
+    std::string w = fmt::format("{}", schedule->weight(0, 0));
+    if (lc.schedule != "constant") {
+      const double w_final = name == "energy"   ? lc.energy_weight_final
+                             : name == "forces" ? lc.forces_weight_final
+                                                : lc.stress_weight_final;
+      w = fmt::format("({}→{}, {} over {}s {}..{})", w, w_final, lc.schedule, lc.schedule_clock,
+                      lc.schedule_start,
+                      lc.schedule == "step" ? lc.schedule_start : lc.schedule_end);
+    }
+    loss_text += (loss_text.empty() ? "" : " + ") + fmt::format("{}·{}", w, desc);
+  };
+  const std::string penalty =
+      lc.kind == "mse" ? "MSE" : lc.kind == "mae" ? "MAE" : fmt::format("Huber(δ={})", lc.huber_delta);
+  if (max_loss_weight(lc, "energy") > 0) {
+    if (tl.energy > 0) {
+      add_term("energy", penalty + (lc.energy_per_atom ? " energy(per atom)" : " energy"));
+    } else {
+      err << "crucible: warning: training.loss.energy_weight > 0 but no training structure has "
+             "an energy ('" << data.energy_key << "'); energy term dropped\n";
+    }
+  }
+  if (max_loss_weight(lc, "forces") > 0) {
+    if (tl.forces > 0) {
+      add_term("forces", penalty + (lc.forces_mode == "vector" ? " forces(per-atom norm)" : " forces"));
+    } else {
+      err << "crucible: warning: training.loss.forces_weight > 0 but no training structure has "
+             "forces; forces term dropped\n";
+    }
+  }
+  if (max_loss_weight(lc, "stress") > 0 && tl.stress > 0) add_term("stress", penalty + " stress");
+  loss.set_normalize_weights(lc.normalize_weights);
+  loss.set_config_type_weights(lc.config_type_weights);
+  if (!lc.config_type_weights.empty()) {
+    std::string types;
+    for (const auto& [t, w] : lc.config_type_weights) types += fmt::format("{}{} {}", types.empty() ? "" : ", ", t, w);
+    loss_text += "; config_type weights " + types;
+  }
+  if (lc.normalize_weights) loss_text += "; normalized by the weight sum";
+  if (loss.empty()) {
+    throw ConfigError("training.loss must have a weight > 0 for a label the training data has "
+                      "(energy " + std::to_string(tl.energy) + ", forces " +
+                      std::to_string(tl.forces) + ", stress " + std::to_string(tl.stress) +
+                      " structures), got none");
+  }
+  return out;
+}
+
+/// The atomic numbers of `parts`' structures.
+std::set<int64_t> elements_of(std::initializer_list<const std::vector<Structure>*> parts) {
+  std::set<int64_t> elements;
+  for (const auto* part : parts) {
+    for (const auto& s : *part) {
+      auto z = s.atomic_numbers.contiguous();
+      for (int64_t i = 0; i < z.numel(); ++i) elements.insert(z.data_ptr<int64_t>()[i]);
+    }
+  }
+  return elements;
 }
 
 }  // namespace
@@ -155,68 +316,13 @@ TrainingSetup build_training(const Config& input_config,
   // training.num_threads 0 (auto) is resolved below, once model and first batch exist.
 
   // ---- data: read and check everything before touching the run directory.
-  const std::string train_path = resolve_data_path(config.data.train_file, "data.train_file");
-  config.data.train_file = train_path;
-  std::vector<Structure> all = read_file(train_path, config.data, "data.train_file");
-  LabelAudit label_audit;  // issue 47: labels under keys not named, every file in one message
-  label_audit.add(train_path, all, extxyz_options(config.data));
-  // data.e0s isolated: the isolated-atom frames give the E0s and are
-  // neither trained nor validated on (issue 18).
-  const bool isolated_e0s = config.data.e0s.mode == "isolated";
-  std::vector<Structure> isolated;
-  if (isolated_e0s) isolated = take_isolated_atoms(all);
-  if (config.data.e0s.mode == "least_squares") {  // issue 47: name the rule their frames are for
-    const auto n_isolated = std::count_if(all.begin(), all.end(), is_isolated_atom);
-    if (n_isolated > 0) {
-      err << "crucible: warning: " << train_path << " holds " << n_isolated
-          << " isolated-atom frame" << (n_isolated > 1 ? "s" : "")
-          << " (config_type IsolatedAtom, or one atom with no periodic direction); data.e0s=isolated "
-             "takes their energies as the E0s and leaves them out of training and validation (MACE's "
-             "convention), while the default least_squares fits and validates them like any structure\n";
-    }
-  }
-  std::vector<Structure> train, valid;
-  std::string split_text;
-  if (config.data.valid_file) {
-    const std::string valid_path = resolve_data_path(*config.data.valid_file, "data.valid_file");
-    config.data.valid_file = valid_path;
-    valid = read_file(valid_path, config.data, "data.valid_file");
-    label_audit.add(valid_path, valid, extxyz_options(config.data));
-    if (isolated_e0s) (void)take_isolated_atoms(valid);
-    train = std::move(all);
-    split_text = "validation file " + valid_path;
-  } else {
-    const int64_t n = static_cast<int64_t>(all.size());
-    if (n < 2) {
-      throw DataError(train_path + ": data.train_file must contain at least 2 structures to split "
-                                   "off a validation set, got " + std::to_string(n) +
-                      " (or set data.valid_file)");
-    }
-    auto [ti, vi] = random_split(n, config.data.valid_fraction,
-                                 static_cast<uint64_t>(config.data.seed));
-    if (ti.empty()) {
-      throw ConfigError("data.valid_fraction leaves no training structures: must be smaller, got " +
-                        fmt::format("{}", config.data.valid_fraction));
-    }
-    for (int64_t i : ti) train.push_back(all[i]);
-    for (int64_t i : vi) valid.push_back(all[i]);
-    split_text = fmt::format("valid_fraction {} of train_file, split seed {}",
-                             config.data.valid_fraction, config.data.seed);
-  }
-  all.clear();
-  // training.replay (issue 18): the pool of original structures.
-  std::vector<Structure> replay;
-  if (tc.replay.file) {
-    const std::string replay_path = resolve_data_path(*tc.replay.file, "training.replay.file");
-    config.training.replay.file = replay_path;
-    replay = read_file(replay_path, config.data, "training.replay.file");
-    label_audit.add(replay_path, replay, extxyz_options(config.data));
-    if (isolated_e0s) (void)take_isolated_atoms(replay);
-    if (replay.empty()) throw DataError(replay_path + ": training.replay.file holds no structure to replay");
-    for (auto& s : replay) s.weight *= tc.replay.weight;
-  }
-
-  label_audit.throw_if_any();
+  RunData data = read_run_data(config, err);
+  const std::string& train_path = data.train_path;
+  std::vector<Structure>& train = data.train;
+  std::vector<Structure>& valid = data.valid;
+  std::vector<Structure>& replay = data.replay;
+  std::vector<Structure>& isolated = data.isolated;
+  std::string& split_text = data.split_text;
   const LabelCounts tl = count_labels(train);
   const LabelCounts vl = count_labels(valid);
   // Issue 18: a label with a positive loss weight must be in the data; the
@@ -257,17 +363,8 @@ TrainingSetup build_training(const Config& input_config,
     throw DataError(missing_label_message(train, train_path, LabelKind::kForces, config.data) +
                     "; or set training.loss.forces_weight=0 to train on energies only");
   }
-  std::set<int64_t> elements, valid_elements;
-  for (const auto* part : {&train, &replay}) {
-    for (const auto& s : *part) {
-      auto z = s.atomic_numbers.contiguous();
-      for (int64_t i = 0; i < z.numel(); ++i) elements.insert(z.data_ptr<int64_t>()[i]);
-    }
-  }
-  for (const auto& s : valid) {
-    auto z = s.atomic_numbers.contiguous();
-    for (int64_t i = 0; i < z.numel(); ++i) valid_elements.insert(z.data_ptr<int64_t>()[i]);
-  }
+  const std::set<int64_t> elements = elements_of({&train, &replay});
+  const std::set<int64_t> valid_elements = elements_of({&valid});
   std::string unseen;
   for (int64_t z : valid_elements) {
     if (!elements.count(z)) unseen += " " + chemical_symbol(z);
@@ -278,58 +375,7 @@ TrainingSetup build_training(const Config& input_config,
   }
 
   // ---- loss terms: only those with a positive weight and labels.
-  const auto& lc = effective_loss;
-  WeightedSumLoss loss;
-  std::vector<std::string> terms;
-  std::string loss_text;
-  auto add_term = [&](const std::string& name, const std::string& desc) {
-    auto schedule = loss_weight_schedule(lc, name);
-    loss.add(loss_term(lc, name), schedule);
-    terms.push_back(name);
-    std::string w = fmt::format("{}", schedule->weight(0, 0));
-    if (lc.schedule != "constant") {
-      const double w_final = name == "energy"   ? lc.energy_weight_final
-                             : name == "forces" ? lc.forces_weight_final
-                                                : lc.stress_weight_final;
-      w = fmt::format("({}→{}, {} over {}s {}..{})", w, w_final, lc.schedule, lc.schedule_clock,
-                      lc.schedule_start,
-                      lc.schedule == "step" ? lc.schedule_start : lc.schedule_end);
-    }
-    loss_text += (loss_text.empty() ? "" : " + ") + fmt::format("{}·{}", w, desc);
-  };
-  const std::string penalty =
-      lc.kind == "mse" ? "MSE" : lc.kind == "mae" ? "MAE" : fmt::format("Huber(δ={})", lc.huber_delta);
-  if (max_loss_weight(lc, "energy") > 0) {
-    if (tl.energy > 0) {
-      add_term("energy", penalty + (lc.energy_per_atom ? " energy(per atom)" : " energy"));
-    } else {
-      err << "crucible: warning: training.loss.energy_weight > 0 but no training structure has "
-             "an energy ('" << config.data.energy_key << "'); energy term dropped\n";
-    }
-  }
-  if (max_loss_weight(lc, "forces") > 0) {
-    if (tl.forces > 0) {
-      add_term("forces", penalty + (lc.forces_mode == "vector" ? " forces(per-atom norm)" : " forces"));
-    } else {
-      err << "crucible: warning: training.loss.forces_weight > 0 but no training structure has "
-             "forces; forces term dropped\n";
-    }
-  }
-  if (max_loss_weight(lc, "stress") > 0 && tl.stress > 0) add_term("stress", penalty + " stress");
-  loss.set_normalize_weights(lc.normalize_weights);
-  loss.set_config_type_weights(lc.config_type_weights);
-  if (!lc.config_type_weights.empty()) {
-    std::string types;
-    for (const auto& [t, w] : lc.config_type_weights) types += fmt::format("{}{} {}", types.empty() ? "" : ", ", t, w);
-    loss_text += "; config_type weights " + types;
-  }
-  if (lc.normalize_weights) loss_text += "; normalized by the weight sum";
-  if (loss.empty()) {
-    throw ConfigError("training.loss must have a weight > 0 for a label the training data has "
-                      "(energy " + std::to_string(tl.energy) + ", forces " +
-                      std::to_string(tl.forces) + ", stress " + std::to_string(tl.stress) +
-                      " structures), got none");
-  }
+  RunLoss run_loss = build_run_loss(effective_loss, tl, config.data, err);
 
   // ---- normalization from the training structures only.
   // The new structures, then the replay pool: the normalization sees both
@@ -531,7 +577,7 @@ TrainingSetup build_training(const Config& input_config,
     check_training_memory(memory, available, config.model.type);
   }
 
-  auto strategy = std::make_unique<TrainingStrategy>(model, sopt, std::move(loss));
+  auto strategy = std::make_unique<TrainingStrategy>(model, sopt, std::move(run_loss.loss));
   const ThreadChoice threads = resolve_thread_count(tc.num_threads, device, *model, *train_ds, tc.batch_size,
                                                     strategy->batch_dtype());
   if (!tc.freeze.empty()) {  // through the strategy's parameter filters (seed 002)
@@ -601,8 +647,8 @@ TrainingSetup build_training(const Config& input_config,
   s.memory = memory;
   s.memory_available = available;
   s.threads = threads;
-  s.loss_terms = std::move(terms);
-  s.loss_text = std::move(loss_text);
+  s.loss_terms = std::move(run_loss.terms);
+  s.loss_text = std::move(run_loss.text);
   s.train_data = train_ds;
   s.valid_data = valid_ds;
   s.loader = std::make_unique<DataLoader>(train_ds, lo);
