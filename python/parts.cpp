@@ -106,15 +106,12 @@ class Strategy {
     ModelMetadata meta = model_.meta;
     meta.dtype = dtype_name(model_.model->module().parameters().at(0).scalar_type());
     py::gil_scoped_release release;
-    save_model_weights_and_json(run_dir, meta);
+    crucible::save_model(run_dir, *model_.model, meta);
+    model_.model->module().to(strategy_->options().device);  // save_model moved it to CPU
   }
   TrainingStrategy& get() { return *strategy_; }
 
  private:
-  void save_model_weights_and_json(const std::string& run_dir, const ModelMetadata& meta) {
-    crucible::save_model(run_dir, *model_.model, meta);
-    model_.model->module().to(strategy_->options().device);  // save_model moved it to CPU
-  }
   /// The first hook error of the last call (then cleared), or None.
   py::object take_error() {
     std::lock_guard<std::mutex> lock(errors_->mutex);

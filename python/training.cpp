@@ -85,6 +85,22 @@ void record_hook_error(HookErrors& errors, py::error_already_set& e, const std::
 
 // ------------------------------------------------------------ hook adapters
 
+/// Runs `body(ctx_view)` with the GIL, where ctx_view is a crucible.Context
+/// of `ctx` valid for this call only. A Python exception `body` raises is
+/// recorded (record_hook_error: the run stops after this batch).
+template <class Body>
+void call_with_context(TrainContext& ctx, TrainingStage stage, HookErrors& errors, const std::string& hook,
+                       Body&& body) {
+  py::gil_scoped_acquire gil;
+  auto context = std::make_shared<Context>(&ctx, stage);
+  try {
+    body(py::cast(context));
+  } catch (py::error_already_set& e) {
+    record_hook_error(errors, e, hook, ctx, stage);
+  }
+  context->invalidate();
+}
+
 std::set<TrainingStage> stages_of(const py::handle& obj, const std::string& name,
                                   const std::set<TrainingStage>& fallback) {
   if (!py::hasattr(obj, "stages") || obj.attr("stages").is_none()) {
@@ -138,14 +154,7 @@ class PyHook : public Hook {
   bool runs_on_stage(TrainingStage stage) const override { return stages_.count(stage) > 0; }
   int64_t frequency() const override { return frequency_; }
   void operator()(TrainContext& ctx, TrainingStage stage) override {
-    py::gil_scoped_acquire gil;
-    auto context = std::make_shared<Context>(&ctx, stage);
-    try {
-      obj_(py::cast(context), py::cast(stage));
-    } catch (py::error_already_set& e) {
-      record_hook_error(*errors_, e, name_, ctx, stage);
-    }
-    context->invalidate();
+    call_with_context(ctx, stage, *errors_, name_, [&](const py::object& c) { obj_(c, py::cast(stage)); });
   }
 
  private:
@@ -191,16 +200,10 @@ class PyUpdateHook : public TrainingUpdateHook {
   using TrainingUpdateHook::operator();
   UpdateDecision operator()(TrainContext& ctx, TrainingStage stage, bool will_skip) override {
     if (stages_.count(stage) == 0) return {true, ctx.loss};
-    py::gil_scoped_acquire gil;
-    auto context = std::make_shared<Context>(&ctx, stage);
     bool proceed = true;
-    try {
-      py::object r = obj_(py::cast(context), py::cast(stage), will_skip);
-      proceed = decision(r);
-    } catch (py::error_already_set& e) {
-      record_hook_error(*errors_, e, name_, ctx, stage);
-    }
-    context->invalidate();
+    call_with_context(ctx, stage, *errors_, name_, [&](const py::object& c) {
+      proceed = decision(obj_(c, py::cast(stage), will_skip));
+    });
     return {proceed, ctx.loss};
   }
 

@@ -18,6 +18,53 @@
 
 namespace crucible {
 
+std::set<int64_t> elements_of(std::initializer_list<const std::vector<Structure>*> parts) {
+  std::set<int64_t> elements;
+  for (const auto* part : parts) {
+    for (const auto& s : *part) {
+      const auto z = s.atomic_numbers.to(at::kLong).contiguous();
+      const int64_t* p = z.data_ptr<int64_t>();
+      elements.insert(p, p + z.numel());
+    }
+  }
+  return elements;
+}
+
+at::ScalarType run_dtype(const TrainingConfig& training) {
+  if (training.precision) return *training.precision == "64-true" ? at::kDouble : at::kFloat;
+  return dtype_from_name(training.dtype).value_or(at::kFloat);
+}
+
+std::shared_ptr<EnergyModel> create_model(const std::string& type, const TrainingConfig& training,
+                                          const std::function<std::shared_ptr<EnergyModel>()>& make) {
+  try {
+    std::unique_ptr<PrecisionPlugin::DefaultDtypeGuard> init_dtype;
+    if (training.precision) init_dtype = make_precision_plugin(*training.precision)->module_init_context();
+    return make();
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    throw ConfigError(what.rfind("model.", 0) == 0 ? what : "model." + type + ": " + what);
+  }
+}
+
+ModelMetadata model_metadata(const Config& config, const EnergyModel& model, at::ScalarType dtype,
+                             const std::set<int64_t>& elements, const at::Tensor& e0,
+                             const std::string& e0_source, double scale, double shift,
+                             double min_pair_distance) {
+  ModelMetadata meta;
+  meta.model_type = config.model.type;
+  meta.hyperparameters = model_factory(config.model.type).to_json(model);
+  meta.dtype = dtype_name(dtype);
+  meta.atomic_numbers.assign(elements.begin(), elements.end());
+  for (int64_t z : elements) meta.e0[z] = e0[z].item<double>();
+  meta.e0_source = e0_source;
+  meta.scale = scale;
+  meta.shift = shift;
+  if (std::isfinite(min_pair_distance)) meta.min_distance = 0.5 * min_pair_distance;
+  meta.data = config.data;
+  return meta;
+}
+
 NeighborStats neighbor_stats(const AtomicDataset& dataset, int64_t count) {
   NeighborStats s;
   const int64_t n = count < 0 ? dataset.size() : std::min(count, dataset.size());
@@ -52,12 +99,7 @@ BuiltModel build_model_from_data(const Config& config, const AtomicDataset& trai
                       "reads isolated atoms or a source model; from parts use least_squares, zero, a map or a file");
   }
   const std::vector<Structure>& structures = train.structures();
-  std::set<int64_t> elements;
-  for (const auto& s : structures) {
-    const auto z = s.atomic_numbers.to(at::kLong).contiguous();
-    const int64_t* p = z.data_ptr<int64_t>();
-    elements.insert(p, p + z.numel());
-  }
+  const std::set<int64_t> elements = elements_of({&structures});
   BuiltModel out;
   const E0Choice e0 = choose_e0s(config.data.e0s, structures, {}, elements);
   if (!e0.warning.empty()) out.warnings.push_back(e0.warning);
@@ -74,30 +116,13 @@ BuiltModel build_model_from_data(const Config& config, const AtomicDataset& trai
   mctx.cutoff = config.model.cutoff;
   mctx.elements.assign(elements.begin(), elements.end());
   mctx.avg_num_neighbors = stats.avg_num_neighbors;
-  const at::ScalarType dtype = tc.precision ? (*tc.precision == "64-true" ? at::kDouble : at::kFloat)
-                                            : dtype_from_name(tc.dtype).value_or(at::kFloat);
+  const at::ScalarType dtype = run_dtype(tc);
   at::manual_seed(static_cast<uint64_t>(tc.seed));
-  try {
-    std::unique_ptr<PrecisionPlugin::DefaultDtypeGuard> init_dtype;  // seed 004 module_init_context
-    if (tc.precision) init_dtype = make_precision_plugin(*tc.precision)->module_init_context();
-    out.model = model_factory(config.model.type).create(mctx);
-  } catch (const std::invalid_argument& e) {
-    const std::string what = e.what();
-    throw ConfigError(what.rfind("model.", 0) == 0 ? what : "model." + config.model.type + ": " + what);
-  }
+  out.model = create_model(config.model.type, tc, [&] { return model_factory(config.model.type).create(mctx); });
   out.model->module().to(dtype);
   out.model->set_energy_normalization(e0.e0, scale, shift);
-  ModelMetadata& meta = out.meta;
-  meta.model_type = config.model.type;
-  meta.hyperparameters = model_factory(config.model.type).to_json(*out.model);
-  meta.dtype = dtype_name(dtype);
-  meta.atomic_numbers = mctx.elements;
-  for (int64_t z : elements) meta.e0[z] = e0.e0[z].item<double>();
-  meta.e0_source = e0.source;
-  meta.scale = scale;
-  meta.shift = shift;
-  if (std::isfinite(stats.min_pair_distance)) meta.min_distance = 0.5 * stats.min_pair_distance;
-  meta.data = config.data;
+  out.meta = model_metadata(config, *out.model, dtype, elements, e0.e0, e0.source, scale, shift,
+                            stats.min_pair_distance);
   return out;
 }
 

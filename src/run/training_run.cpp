@@ -12,6 +12,7 @@
 #include "crucible/report/error_report.h"
 #include "crucible/report/metrics_log.h"
 #include "crucible/report/progress.h"
+#include "crucible/run/model_from_data.h"
 #include "crucible/run/model_io.h"
 #include "crucible/run/run_dir.h"
 #include "crucible/run/run_header.h"
@@ -374,18 +375,9 @@ SavedModel save_run_model(const TrainingSetup& setup, const fs::path& run_dir,
   const Config& config = setup.config;
   const TrainingConfig& tc = config.training;
   TrainingStrategy& strategy = *setup.strategy;
-  ModelMetadata meta;
-  meta.model_type = config.model.type;
-  meta.hyperparameters = model_factory(config.model.type).to_json(*setup.model);
-  meta.dtype = dtype_name(setup.dtype);
-  meta.atomic_numbers.assign(setup.elements.begin(), setup.elements.end());
-  for (int64_t z : setup.elements) meta.e0[z] = setup.e0[z].item<double>();
-  meta.e0_source = setup.e0_source;
+  ModelMetadata meta = model_metadata(config, *setup.model, setup.dtype, setup.elements, setup.e0,
+                                      setup.e0_source, setup.scale, setup.shift, setup.min_pair_distance);
   meta.origin = setup.origin;
-  meta.scale = setup.scale;
-  meta.shift = setup.shift;
-  if (std::isfinite(setup.min_pair_distance)) meta.min_distance = 0.5 * setup.min_pair_distance;
-  meta.data = config.data;
   auto inference = tc.ema.use_for_validation ? strategy.inference_model() : nullptr;
   EnergyModel& saved = inference ? *inference : *setup.model;
   const BestModelHook* best = setup.best_hook.get();

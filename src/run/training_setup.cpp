@@ -201,18 +201,6 @@ RunLoss build_run_loss(const LossSettings& lc, const LabelCounts& tl, const Data
   return out;
 }
 
-/// The atomic numbers of `parts`' structures.
-std::set<int64_t> elements_of(std::initializer_list<const std::vector<Structure>*> parts) {
-  std::set<int64_t> elements;
-  for (const auto* part : parts) {
-    for (const auto& s : *part) {
-      auto z = s.atomic_numbers.contiguous();
-      for (int64_t i = 0; i < z.numel(); ++i) elements.insert(z.data_ptr<int64_t>()[i]);
-    }
-  }
-  return elements;
-}
-
 }  // namespace
 
 at::Device parse_device(const std::string& text) {
@@ -295,9 +283,7 @@ TrainingSetup build_training(const Config& input_config,
     device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
   }
   // training.precision (issue 3) overrides training.dtype; unset = follow it.
-  const at::ScalarType dtype =
-      tc.precision ? (*tc.precision == "64-true" ? at::kDouble : at::kFloat)
-                   : dtype_from_name(tc.dtype).value_or(at::kFloat);  // the config checked float32 | float64
+  const at::ScalarType dtype = run_dtype(tc);
   const std::string dtype_name = ::crucible::dtype_name(dtype);
   // Issue 19: bf16 on a CPU that emulates it is slower than 32-true; say so.
   if (tc.precision && tc.precision->rfind("bf16", 0) == 0 && device.is_cpu()) {
@@ -456,18 +442,12 @@ TrainingSetup build_training(const Config& input_config,
     const auto& h = source->meta.hyperparameters;
     if (h.contains("avg_num_neighbors")) mctx.avg_num_neighbors = h.at("avg_num_neighbors").get<double>();
   }
-  std::shared_ptr<EnergyModel> model;
-  try {
-    // Seed 004 module_init_context: parameters are created in the
-    // precision's parameter dtype (the strategy then converts the rest).
-    std::unique_ptr<PrecisionPlugin::DefaultDtypeGuard> init_dtype;
-    if (tc.precision) init_dtype = make_precision_plugin(*tc.precision)->module_init_context();
-    model = imported_source ? copy_of_imported_model(*source, config.model, ModelConfig{}, elements, *config.model.init_from)
-                            : model_factory(config.model.type).create(mctx);
-  } catch (const std::invalid_argument& e) {
-    const std::string what = e.what();
-    throw ConfigError(what.rfind("model.", 0) == 0 ? what : "model." + config.model.type + ": " + what);
-  }
+  // Seed 004 module_init_context: parameters are created in the
+  // precision's parameter dtype (the strategy then converts the rest).
+  std::shared_ptr<EnergyModel> model = create_model(config.model.type, tc, [&] {
+    return imported_source ? copy_of_imported_model(*source, config.model, ModelConfig{}, elements, *config.model.init_from)
+                           : model_factory(config.model.type).create(mctx);
+  });
   model->module().to(dtype);
   if (source && !imported_source) {  // in the run's dtype: a float64 run keeps the source's float64 weights exactly
     source->model->module().to(dtype);

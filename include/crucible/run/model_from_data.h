@@ -6,11 +6,17 @@
 #include "crucible/config/config.h"
 #include "crucible/data/dataset.h"
 #include "crucible/models/energy_model.h"
+#include "crucible/models/registry.h"
 #include "crucible/run/model_io.h"
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,6 +36,33 @@ struct NeighborStats {
 /// `count` structures of `dataset` (all when negative), from its neighbor
 /// lists (r_ij = r_j - r_i + shift, ASE's convention). Never throws.
 NeighborStats neighbor_stats(const AtomicDataset& dataset, int64_t count = -1);
+
+/// The atomic numbers of `parts`' structures, ascending. Never throws.
+std::set<int64_t> elements_of(std::initializer_list<const std::vector<Structure>*> parts);
+
+/// A run's parameter dtype: training.precision's when set (float64 for
+/// 64-true, float32 for the others, issue 3), else training.dtype
+/// (float32 when the name is not one validate_config accepts). Never throws.
+at::ScalarType run_dtype(const TrainingConfig& training);
+
+/// `make()` (a model of model.type `type`) with its parameters created
+/// under training.precision's module_init_context (seed 004; float32 for
+/// the mixed modes) when a precision is set.
+/// @throws ConfigError "model.<type>: ..." for the std::invalid_argument
+///   a factory throws for a bad key value (kept as is when it already
+///   names a model.* key).
+std::shared_ptr<EnergyModel> create_model(const std::string& type, const TrainingConfig& training,
+                                          const std::function<std::shared_ptr<EnergyModel>()>& make);
+
+/// The model.json metadata of `model` (config.model.type, its factory's
+/// hyperparameters, `dtype`, elements, E0s in eV from `e0` [119] indexed
+/// by Z, scale in eV, shift in eV/atom, half the closest training pair in Å
+/// as the minimum distance (none when not finite), config.data); origin
+/// null. @throws what the factory's to_json throws for another model type.
+ModelMetadata model_metadata(const Config& config, const EnergyModel& model, at::ScalarType dtype,
+                             const std::set<int64_t>& elements, const at::Tensor& e0,
+                             const std::string& e0_source, double scale, double shift,
+                             double min_pair_distance);
 
 /// A model and the metadata save_model writes for it.
 struct BuiltModel {
