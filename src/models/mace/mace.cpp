@@ -6,6 +6,7 @@
 #include "crucible/models/layer_nodes.h"
 #include "crucible/models/mace/chunked_interaction.h"
 #include "crucible/models/mace/element_linear.h"
+#include "crucible/models/mace/product_basis_engine.h"
 #include "crucible/models/chunk_parallel.h"
 #include "crucible/models/cfconv.h"
 #include "crucible/models/mace/radial.h"
@@ -390,7 +391,18 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
         return mace::symmetric_contraction_fast_vjp(A_rows, *Lp->table, stacked, indices, chunk_weights(b, e), gy,
                                                     sparse);
       };
-      all = sparse ? checkpointed_rows(A, rows_chunk, product, vjp) : checkpointed_rows(A, rows_chunk, product);
+      if (sparse) {
+        // The engine: one fused loop over nodes, forward and reverse, no
+        // monomials stored and no LibTorch op per chunk.
+        std::vector<std::vector<at::Tensor>> w(product_weights_[ts].size());
+        for (size_t o = 0; o < w.size(); ++o)
+          for (const auto& W : product_weights_[ts][o])
+            w[o].push_back(W.defined() ? W.detach().to(A.scalar_type()).contiguous() : W);
+        all = mace::product_basis_engine(A, elem.to(at::kLong), w,
+                                         std::make_shared<const mace::ProductBasisPlan>(mace::product_basis_plan(*L.table)));
+      } else {
+        all = checkpointed_rows(A, rows_chunk, product);
+      }
     } else if (A.size(0) > 16 * inference_edge_chunk()) {
       // Training path at MD scale (more than 16384 nodes by default): the
       // monomials and their first and second derivatives exist for one
