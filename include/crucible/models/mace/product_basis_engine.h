@@ -8,8 +8,8 @@
 //   M_1[m]   = A[n, first[m], c]
 //   M_ν[m]   = M_{ν-1}[p_m] · A[n, q_m, c]                       (ν ≥ 2)
 //   y[n, i_o, c] = Σ_ν Σ_k W_{o,ν}[z, k, c] · Σ_m P_ν[(o, i, k), m] M_ν[m]
-// and its reverse for ∂/∂A. The monomials of a node and a block of 16
-// channels live in a local buffer (494 × 16 numbers at l ≤ 3, ν ≤ 3), so
+// and its reverse for ∂/∂A. The monomials of a node and a block of 32
+// channels live in a local buffer (494 × 32 numbers at l ≤ 3, ν ≤ 3), so
 // nothing of size [N, M_ν, C] is ever made; P_ν's nonzeros are visited row
 // by row (CSR).
 
