@@ -76,12 +76,9 @@ std::vector<at::Tensor> chunked_vjp(at::TensorList xs, const at::Tensor& gy, int
   return gx;
 }
 
-using RowVjpFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, int64_t)>;
-
 struct RowFnHolder : torch::CustomClassHolder {
-  explicit RowFnHolder(RowFn fn, RowVjpFn vjp_fn = nullptr) : f(std::move(fn)), vjp(std::move(vjp_fn)) {}
+  explicit RowFnHolder(RowFn fn) : f(std::move(fn)) {}
   RowFn f;
-  RowVjpFn vjp;  ///< hand-written ∂/∂x of f's rows; empty: f's autograd.
   /// f on the single input of a one-element row list.
   MultiRowFn on_lists() const {
     return [this](const std::vector<at::Tensor>& rows, int64_t b, int64_t e) { return f(rows[0], b, e); };
@@ -105,15 +102,6 @@ struct CheckpointedRows : public torch::autograd::Function<CheckpointedRows> {
     const at::Tensor x = ctx->get_saved_variables()[0];
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     auto holder = c10::static_intrusive_pointer_cast<RowFnHolder>(ctx->saved_data["f"].toCapsule());
-    if (holder->vjp) {
-      at::Tensor gx = at::empty_like(x);
-      const at::Tensor gy = grads[0];
-      for_row_chunks(x.size(0), chunk, [&](int64_t b, int64_t e) {
-        at::NoGradGuard no_grad;
-        gx.slice(0, b, e).copy_(holder->vjp(x.slice(0, b, e), gy.slice(0, b, e), b, e));
-      });
-      return {gx, at::Tensor(), at::Tensor()};
-    }
     return {chunked_vjp({x}, grads[0], chunk, holder->on_lists())[0], at::Tensor(), at::Tensor()};
   }
 };
@@ -228,11 +216,6 @@ at::Tensor checkpointed_rows_twice(const std::vector<at::Tensor>& xs, int64_t ch
 at::Tensor checkpointed_rows(const at::Tensor& x, int64_t chunk, RowFn f) {
   if (chunk < 1) throw std::invalid_argument("checkpointed_rows: chunk must be >= 1");
   return CheckpointedRows::apply(x, chunk, c10::make_intrusive<RowFnHolder>(std::move(f)));
-}
-
-at::Tensor checkpointed_rows(const at::Tensor& x, int64_t chunk, RowFn f, RowVjpFn vjp) {
-  if (chunk < 1) throw std::invalid_argument("checkpointed_rows: chunk must be >= 1");
-  return CheckpointedRows::apply(x, chunk, c10::make_intrusive<RowFnHolder>(std::move(f), std::move(vjp)));
 }
 
 }  // namespace crucible

@@ -156,50 +156,6 @@ TEST(MaceSymmetricContraction, BasisDimensionsEquivarianceAndSymmetry) {
   }
 }
 
-TEST(MaceSymmetricContraction, HandWrittenVjpEqualsAutogradAndTheSparseFormTheDense) {
-  // Issue 48's engine: the product basis differentiated by hand (and its
-  // B = P·M over P's nonzeros) against autograd through the dense form, in
-  // float64, for outputs 0e and 1o up to ν = 3 with per-node weights.
-  const Irreps in = Irreps::parse("0e+1o+2e");
-  const std::vector<Irrep> outs{Irrep{0, 1}, Irrep{1, -1}};
-  const mace::MonomialTable table = mace::monomial_table(in, outs, 3);
-  std::vector<at::Tensor> stacked, indices;
-  for (int nu = 1; nu <= 3; ++nu) {
-    std::vector<at::Tensor> rows;
-    for (const auto& c : table.coefficients[static_cast<size_t>(nu - 1)])
-      if (c.defined()) rows.push_back(c);
-    stacked.push_back(rows.empty() ? at::Tensor() : at::cat(rows, 0));
-    indices.push_back(nu == 1 ? table.monomials[0].select(1, 0).contiguous() : table.parents[static_cast<size_t>(nu - 1)]);
-  }
-  const int64_t N = 7, C = 5;
-  at::manual_seed(21);
-  std::vector<std::vector<at::Tensor>> w(outs.size());
-  for (size_t o = 0; o < outs.size(); ++o)
-    for (int nu = 1; nu <= 3; ++nu) {
-      const int64_t K = table.num_basis[static_cast<size_t>(nu - 1)][o];
-      w[o].push_back(K == 0 ? at::Tensor() : at::randn({N, K, C}, at::kDouble));
-    }
-  const at::Tensor x0 = at::randn({N, in.dim(), C}, at::kDouble);
-  const at::Tensor x = x0.clone().requires_grad_(true);
-  const std::vector<at::Tensor> y = mace::symmetric_contraction_fast(x, table, stacked, indices, w);
-  const std::vector<at::Tensor> y_sparse = mace::symmetric_contraction_fast(x0, table, stacked, indices, w, true);
-  std::vector<at::Tensor> gy;
-  at::Tensor loss = at::zeros({}, at::kDouble);
-  for (size_t o = 0; o < outs.size(); ++o) {
-    EXPECT_LT((y_sparse[o] - y[o].detach()).abs().max().item<double>(), 1e-12);
-    gy.push_back(at::randn(y[o].sizes(), at::kDouble));
-    loss = loss + (y[o] * gy.back()).sum();
-  }
-  const at::Tensor want = torch::autograd::grad({loss}, {x})[0];
-  for (const bool sparse : {false, true}) {
-    const at::Tensor got = mace::symmetric_contraction_fast_vjp(x0, table, stacked, indices, w, gy, sparse);
-    ASSERT_EQ(got.sizes(), x0.sizes());
-    EXPECT_LT((got - want).abs().max().item<double>(), 1e-11 * std::max(1.0, want.abs().max().item<double>()))
-        << "sparse " << sparse;
-  }
-  EXPECT_GT(want.abs().max().item<double>(), 0.0);
-}
-
 TEST(MaceOptions, BadHyperparametersNameTheOption) {
   auto expect_error = [](MaceOptions o, const std::string& text) {
     try {

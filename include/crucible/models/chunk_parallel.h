@@ -77,16 +77,6 @@ std::vector<at::Tensor> sum_over_chunks(int64_t num_chunks, const std::vector<at
 at::Tensor checkpointed_rows(const at::Tensor& x, int64_t chunk,
                              std::function<at::Tensor(const at::Tensor& x_rows, int64_t begin, int64_t end)> f);
 
-/// As above, with f's vector-Jacobian product given by hand: the backward
-/// calls vjp(x_rows, gy_rows, begin, end) → ∂/∂x_rows ([end - begin, ...],
-/// x's shape) chunk by chunk instead of recomputing f under autograd (the
-/// MACE engine's product basis, issue 48). vjp runs with gradients off.
-/// @throws as above.
-at::Tensor checkpointed_rows(
-    const at::Tensor& x, int64_t chunk,
-    std::function<at::Tensor(const at::Tensor& x_rows, int64_t begin, int64_t end)> f,
-    std::function<at::Tensor(const at::Tensor& x_rows, const at::Tensor& gy_rows, int64_t begin, int64_t end)> vjp);
-
 /// out = cat over row chunks of f(rows of xs, begin, end), [N, ...], where
 /// every xs[i] is [N, ...] and f is per row (row n of out depends on row n
 /// of each xs[i] only; e.g. MACE's product basis with its per-node element

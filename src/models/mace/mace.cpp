@@ -374,26 +374,15 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
         }
         return w;
       };
-      // The engine's sparse contraction with the radial splines; the exact
-      // reference path keeps the dense products (issue 48).
-      const bool sparse = A.device().is_cpu() && radial_spline_enabled();
-      auto product = [Lp, stacked, indices, chunk_weights, joined, sparse](const at::Tensor& A_rows, int64_t b,
-                                                                           int64_t e) {
-        return joined(
-            mace::symmetric_contraction_fast(A_rows, *Lp->table, stacked, indices, chunk_weights(b, e), sparse));
+      // The engine (with the radial splines, issue 48): one fused loop over
+      // nodes, forward and reverse (product_basis_engine.h), no monomials
+      // stored and no LibTorch op per chunk. The exact reference path keeps
+      // the dense products, differentiated by autograd on each recomputed
+      // chunk.
+      auto product = [Lp, stacked, indices, chunk_weights, joined](const at::Tensor& A_rows, int64_t b, int64_t e) {
+        return joined(mace::symmetric_contraction_fast(A_rows, *Lp->table, stacked, indices, chunk_weights(b, e)));
       };
-      // The engine differentiates it by hand (no monomials of the top
-      // degree rebuilt, no autograd graph per chunk); the exact path by
-      // autograd on the recomputed chunk.
-      auto vjp = [Lp, stacked, indices, chunk_weights, out_dims, sparse](const at::Tensor& A_rows,
-                                                                         const at::Tensor& gy_rows, int64_t b, int64_t e) {
-        const std::vector<at::Tensor> gy = at::split_with_sizes(gy_rows, out_dims, 1);
-        return mace::symmetric_contraction_fast_vjp(A_rows, *Lp->table, stacked, indices, chunk_weights(b, e), gy,
-                                                    sparse);
-      };
-      if (sparse) {
-        // The engine: one fused loop over nodes, forward and reverse, no
-        // monomials stored and no LibTorch op per chunk.
+      if (A.device().is_cpu() && radial_spline_enabled()) {
         std::vector<std::vector<at::Tensor>> w(product_weights_[ts].size());
         for (size_t o = 0; o < w.size(); ++o)
           for (const auto& W : product_weights_[ts][o])

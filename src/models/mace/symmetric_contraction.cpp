@@ -4,7 +4,6 @@
 #include "crucible/models/mace/symmetric_contraction.h"
 #include "crucible/models/cfconv.h"
 #include "crucible/models/mace/clebsch_gordan.h"
-#include "crucible/models/sparse_rows.h"
 
 #include <algorithm>
 #include <functional>
@@ -343,8 +342,7 @@ at::Tensor monomials_of_degree(const at::Tensor& prev, const at::Tensor& xt, con
 std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const MonomialTable& table,
                                                    const std::vector<at::Tensor>& stacked_coeffs,
                                                    const std::vector<at::Tensor>& indices,
-                                                   const std::vector<std::vector<at::Tensor>>& weights,
-                                                   bool sparse) {
+                                                   const std::vector<std::vector<at::Tensor>>& weights) {
   const int64_t N = x.size(0), C = x.size(2);
   const size_t num_out = weights.size();
   // Component-major layout [D, N, C]: every monomial is a contiguous [N, C]
@@ -359,9 +357,7 @@ std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const Mo
                .view({-1, N, C});
     if (!stacked_coeffs[v].defined()) continue;
     const at::Tensor flat = mono.view({mono.size(0), N * C});
-    const at::Tensor B = (sparse ? sparse_row_combination(stacked_coeffs[v], flat)  // P_ν's nonzeros only
-                                 : at::mm(stacked_coeffs[v], flat))
-                             .view({-1, N, C});  // [R, N, C]
+    const at::Tensor B = at::mm(stacked_coeffs[v], flat).view({-1, N, C});  // [R, N, C]
     // One split, not a narrow per output: a narrow's backward writes a
     // zero-filled gradient of all of B ([R, N, C]) per output and adds them.
     std::vector<int64_t> rows;
@@ -380,51 +376,6 @@ std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const Mo
     y[o] = y[o].defined() ? y[o].transpose(0, 1) : at::zeros({N, table.out_dims[0][o], C}, x.options());
   }
   return y;
-}
-
-at::Tensor symmetric_contraction_fast_vjp(const at::Tensor& x, const MonomialTable& table,
-                                          const std::vector<at::Tensor>& stacked_coeffs,
-                                          const std::vector<at::Tensor>& indices,
-                                          const std::vector<std::vector<at::Tensor>>& weights,
-                                          const std::vector<at::Tensor>& gy, bool sparse) {
-  const int64_t N = x.size(0), D = x.size(1), C = x.size(2);
-  const size_t num_out = weights.size(), top = static_cast<size_t>(table.max_nu);
-  const at::Tensor xt = x.transpose(0, 1).contiguous().view({D, N * C});  // [D, N·C]
-  // The monomials of degrees 1 .. max_nu - 1, as the forward builds them.
-  std::vector<at::Tensor> mono(top);
-  for (size_t v = 0; v + 1 < top; ++v) {
-    mono[v] = monomials_of_degree(v == 0 ? at::Tensor() : mono[v - 1], xt, indices, v);
-  }
-  at::Tensor gx = at::zeros({D, N * C}, x.options());
-  at::Tensor g_up;  // ∂/∂M_{ν} carried down from degree ν + 1
-  for (size_t v = top; v-- > 0;) {
-    at::Tensor g = g_up;  // [M_ν, N·C] or undefined
-    if (stacked_coeffs[v].defined()) {
-      // gB[o, k] = gy[o] ⊙ W[k], rows as in the forward's stacked coefficients.
-      std::vector<at::Tensor> parts;
-      for (size_t o = 0; o < num_out; ++o) {
-        const int64_t K = table.num_basis[v][o], O = table.out_dims[v][o];
-        if (K == 0) continue;
-        const at::Tensor g_o = gy[o].transpose(0, 1);                    // [O, N, C]
-        const at::Tensor w = weights[o][v].transpose(0, 1);              // [K, N, C]
-        parts.push_back((g_o.unsqueeze(1) * w.unsqueeze(0)).reshape({O * K, N * C}));
-      }
-      const at::Tensor gB = parts.size() == 1 ? parts[0] : at::cat(parts, 0);  // [R, N·C]
-      const at::Tensor pt = stacked_coeffs[v].t().contiguous();             // [M, R]
-      const at::Tensor gm = sparse ? sparse_row_combination(pt, gB) : at::mm(pt, gB);
-      g = g.defined() ? g.add_(gm) : gm;
-    }
-    g_up = at::Tensor();
-    if (!g.defined()) continue;
-    if (v == 0) {
-      gx.index_add_(0, indices[0], g);
-    } else {
-      const at::Tensor p = indices[v].select(1, 0).contiguous(), q = indices[v].select(1, 1).contiguous();
-      g_up = at::zeros({mono[v - 1].size(0), N * C}, x.options()).index_add_(0, p, g * xt.index_select(0, q));
-      gx.index_add_(0, q, g * mono[v - 1].index_select(0, p));
-    }
-  }
-  return gx.view({D, N, C}).transpose(0, 1).contiguous();
 }
 
 }  // namespace crucible::mace

@@ -102,32 +102,10 @@ MonomialTable monomial_table(const std::vector<std::vector<const SymmetricBasis*
 ///        ν >= 2 the table's `parents` [M_ν, 2]; on x's device.
 /// @param weights [out][ν-1] the node's element weights [N, K, C] (undefined
 ///        where K = 0).
-/// @param sparse the inference engine's form (issue 48): B = P_ν · M_ν
-///        through sparse_row_combination, visiting P_ν's nonzeros only
-///        (3-22% of it at l ≤ 3, ν ≤ 3; 2.2 GFLOP of dense GEMM per layer
-///        of 2048 atoms at 32 channels become 65 MFLOP); false: one dense
-///        GEMM (the training path and the exact reference path).
 /// @returns per output irrep [N, O, C] in x's dtype.
 std::vector<at::Tensor> symmetric_contraction_fast(const at::Tensor& x, const MonomialTable& table,
                                                    const std::vector<at::Tensor>& stacked_coeffs,
                                                    const std::vector<at::Tensor>& indices,
-                                                   const std::vector<std::vector<at::Tensor>>& weights,
-                                                   bool sparse = false);
-
-/// ∂/∂x of symmetric_contraction_fast (same arguments; the weights held
-/// constant) for the output gradients `gy` (per output irrep [N, O, C]) by
-/// the hand-written reverse of its recursion (issue 48's engine): gB =
-/// gy ⊙ W per basis function, gM_ν = P_νᵀ gB (sparse_row_combination when
-/// `sparse`), then down the monomial tree M_ν[m] = M_{ν-1}[p] ⊙ x[q]:
-/// gM_{ν-1}[p] += gM_ν[m] ⊙ x[q] and gx[q] += gM_ν[m] ⊙ M_{ν-1}[p]. Only
-/// the monomials below the top degree are rebuilt (the top degree's are
-/// the most numerous: 355 of 494 at l ≤ 3, ν ≤ 3), no autograd graph.
-/// Equal to autograd's derivative of symmetric_contraction_fast to
-/// rounding. @returns [N, D, C] in x's dtype. No gradients through it.
-at::Tensor symmetric_contraction_fast_vjp(const at::Tensor& x, const MonomialTable& table,
-                                          const std::vector<at::Tensor>& stacked_coeffs,
-                                          const std::vector<at::Tensor>& indices,
-                                          const std::vector<std::vector<at::Tensor>>& weights,
-                                          const std::vector<at::Tensor>& gy, bool sparse);
+                                                   const std::vector<std::vector<at::Tensor>>& weights);
 
 }  // namespace crucible::mace
