@@ -148,6 +148,12 @@ TEST(EdgeContractionPairs, OnePassBackwardEqualsAutogradOfTheMessage) {
         EXPECT_LT(rel(gx.to(at::kDouble) - gx_start, grads[0]), tol);
         EXPECT_LT(rel(gw.to(at::kDouble) - gw_start, grads[1]), tol);
         EXPECT_LT(rel(gT.to(at::kDouble), grads[2]), tol);
+        // Without gx (x a constant): the same gw and gT, bit for bit.
+        at::Tensor no_gx, gw2 = gw_start.to(dtype).clone(), gT2 = at::empty({E, R, D}, dtype);
+        edge_contraction_backward_accumulate(no_gx, gw2, gT2, g.to(dtype), w0.to(dtype), T0.to(dtype), x0.to(dtype),
+                                             recv, send, row_path, pairs ? row : at::Tensor());
+        EXPECT_TRUE(at::equal(gw2, gw));
+        EXPECT_TRUE(at::equal(gT2, gT));
         // The forward slot reading per-pair rows equals the einsum message's scatter.
         at::Tensor A = at::zeros({N, R, C}, dtype);
         edge_contraction_accumulate(EdgeSlot::kMessage, A, at::Tensor(), w0.to(dtype), T0.to(dtype), x0.to(dtype),

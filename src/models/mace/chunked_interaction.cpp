@@ -155,7 +155,11 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
     at::Tensor gfeats = at::zeros_like(feats);
     const int64_t* off = pair_offsets.data_ptr<int64_t>();
     const int64_t num_chunks = (P + chunk - 1) / chunk;
-    std::vector<at::Tensor> gx = sum_over_chunks(num_chunks, xs, [&](int64_t c, std::vector<at::Tensor>& acc) {
+    // No ∂/∂x where x is a constant (the first layer's embedding when the
+    // weights are held fixed): a third of that layer's backward loop.
+    const bool need_gx = ctx->needs_input_grad(0);
+    std::vector<at::Tensor> gx = sum_over_chunks(num_chunks, need_gx ? xs : std::vector<at::Tensor>{},
+                                                 [&](int64_t c, std::vector<at::Tensor>& acc) {
       const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
       if (off[p0] == off[p1]) return;  // pairs without edges: no gradient
       const Chunk k = make_chunk(p0, p1, feats, Y, mlp, spline, L, edge_pair, order, off, receiver, sender, NP, C);
@@ -164,8 +168,9 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
       at::Tensor gYc = at::zeros_like(k.Y);
       for (size_t t = 0; t < L.terms.size(); ++t) {
         at::Tensor gT = at::empty_like(k.T[t]);
-        edge_contraction_backward_accumulate(acc[t], gw, gT, gs[t], k.w, k.T[t], xs[t], k.recv, k.send,
-                                             L.row_path[t], k.local);
+        at::Tensor none;
+        edge_contraction_backward_accumulate(need_gx ? acc[t] : none, gw, gT, gs[t], k.w, k.T[t], xs[t], k.recv,
+                                             k.send, L.row_path[t], k.local);
         gYc.addmm_(gT.view({Ec, -1}), L.coupling[t].t());  // T = Y M
       }
       gY.index_copy_(0, k.edges, gYc);
@@ -187,7 +192,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
     });
     // Terms without paths get no gradient.
     at::Tensor gx_full;
-    if (ctx->needs_input_grad(0)) {
+    if (need_gx) {
       gx_full = at::zeros_like(x);
       for (size_t t = 0; t < L.terms.size(); ++t) gx_full.narrow(1, L.term_offset[t], L.term_dim[t]).copy_(gx[t]);
     }

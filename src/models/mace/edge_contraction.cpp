@@ -211,9 +211,10 @@ CRUCIBLE_INLINE_IN_CLONES void backward_loop(const S* __restrict g, const S* __r
   S* __restrict u = CC > 0 ? u_local : buf;
   S* __restrict acc = CC > 0 ? acc_local : buf + z.C;
   const int64_t R = z.R, D = z.D, C = CC > 0 ? CC : z.C, P = z.P;
+  const bool with_gx = gx != nullptr;  // null: x is a constant (the first layer's embedding)
   for (int64_t e = 0; e < z.E; ++e) {
     const S* __restrict xs = x + send[e] * D * C;
-    S* __restrict gxs = gx + send[e] * D * C;
+    S* __restrict gxs = with_gx ? gx + send[e] * D * C : nullptr;
     const S* __restrict gr = g + recv[e] * R * C;
     const int64_t row = weight_row(z, e);
     for (int64_t r = 0; r < R; ++r) {
@@ -226,7 +227,7 @@ CRUCIBLE_INLINE_IN_CLONES void backward_loop(const S* __restrict g, const S* __r
       for (int64_t i = 0; i < D; ++i) {
         const S ti = t[i];
         const S* __restrict xi = xs + i * C;
-        S* __restrict gxi = gxs + i * C;
+        S* __restrict gxi = with_gx ? gxs + i * C : nullptr;
         o[i] = dot_tree<S, CC>(u, xi, C);
         if (i == 0) {
 #pragma omp simd
@@ -235,6 +236,7 @@ CRUCIBLE_INLINE_IN_CLONES void backward_loop(const S* __restrict g, const S* __r
 #pragma omp simd
           for (int64_t c = 0; c < C; ++c) acc[c] += ti * xi[c];
         }
+        if (!with_gx) continue;
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) gxi[c] += ti * u[c];
       }
@@ -604,20 +606,21 @@ void edge_contraction_backward_accumulate(at::Tensor& gx, at::Tensor& gw, at::Te
   const int64_t E = receiver.size(0), R = row_path.size(0);
   TORCH_CHECK(x.dim() == 3 && g.dim() == 3 && w.dim() == 3 && T.dim() == 3 && g.size(1) == R && T.size(0) == E &&
                   T.size(1) == R && T.size(2) == x.size(1) && g.size(2) == x.size(2) && w.size(2) == x.size(2) &&
-                  gx.sizes() == x.sizes() && gw.sizes() == w.sizes() && gT.sizes() == T.sizes() &&
+                  (!gx.defined() || gx.sizes() == x.sizes()) && gw.sizes() == w.sizes() && gT.sizes() == T.sizes() &&
                   sender.size(0) == E && (!w_row.defined() || w_row.size(0) == E) &&
                   (w_row.defined() || w.size(0) == E),
               "edge_contraction_backward_accumulate: expected g [N,R,C], w [W,P,C], T [E,R,D], x [N,D,C] and "
               "gx, gw, gT shaped as x, w, T");
   const bool fused = x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&g, &w, &T, &gx, &gw, &gT}) {
+    if (!t->defined()) continue;  // gx only
     TORCH_CHECK(t->scalar_type() == x.scalar_type() && t->device() == x.device(),
                 "edge_contraction_backward_accumulate: all tensors must share dtype and device");
   }
   if (!fused) {  // the three slots one by one
     Sizes z{};
     z.N = x.size(0), z.E = E, z.P = w.size(1), z.R = R, z.D = x.size(1), z.C = x.size(2), z.W = w.size(0);
-    gx.add_(composite(EdgeSlot::kInput, g, w, T, at::Tensor(), receiver, sender, row_path, w_row, z));
+    if (gx.defined()) gx.add_(composite(EdgeSlot::kInput, g, w, T, at::Tensor(), receiver, sender, row_path, w_row, z));
     gT.copy_(composite(EdgeSlot::kTable, g, w, at::Tensor(), x, receiver, sender, row_path, w_row, z));
     z.W = E;  // per edge, then summed into w's rows
     const at::Tensor per_edge = composite(EdgeSlot::kWeights, g, at::Tensor(), T, x, receiver, sender, row_path,
@@ -627,7 +630,7 @@ void edge_contraction_backward_accumulate(at::Tensor& gx, at::Tensor& gw, at::Te
     return;
   }
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&g, &w, &T, &x, &gx, &gw, &gT, &receiver, &sender, &row_path}) {
-    TORCH_CHECK(t->is_contiguous(), "edge_contraction_backward_accumulate: CPU tensors must be contiguous");
+    TORCH_CHECK(!t->defined() || t->is_contiguous(), "edge_contraction_backward_accumulate: CPU tensors must be contiguous");
   }
   TORCH_CHECK(!w_row.defined() || w_row.is_contiguous(),
               "edge_contraction_backward_accumulate: CPU tensors must be contiguous");
@@ -638,7 +641,8 @@ void edge_contraction_backward_accumulate(at::Tensor& gx, at::Tensor& gw, at::Te
     std::vector<scalar_t> buf(static_cast<size_t>(2 * z.C));
     backward_any(g.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), T.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
                  receiver.data_ptr<int64_t>(), sender.data_ptr<int64_t>(), row_path.data_ptr<int64_t>(),
-                 gx.data_ptr<scalar_t>(), gw.data_ptr<scalar_t>(), gT.data_ptr<scalar_t>(), z, buf.data());
+                 gx.defined() ? gx.data_ptr<scalar_t>() : nullptr, gw.data_ptr<scalar_t>(), gT.data_ptr<scalar_t>(), z,
+                 buf.data());
   });
 }
 

@@ -74,6 +74,8 @@ void edge_contraction_accumulate(EdgeSlot slot, at::Tensor& out, const at::Tenso
 ///   gT[e, r, i]        = Σ_c w[row e, path r, c] g[recv e, r, c] x[send e, i, c]
 /// with row e = w_row[e] (w, gw [W, P, C]) or e (w_row undefined, W = E).
 /// g [N, R, C]; T, gT [E, R, D]; x, gx [N, D, C]; one dtype and device.
+/// An undefined gx skips its term (x a constant, as the first layer's
+/// embedding in inference).
 /// Single-threaded (callers run it per chunk, each into its own gx / gw);
 /// CPU float32 / float64 tensors must be contiguous; other devices and
 /// dtypes run the three slots' composite operations (same values).
