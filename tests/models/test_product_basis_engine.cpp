@@ -46,7 +46,7 @@ void check_case(const Case& c, at::ScalarType dtype, double tol) {
   const mace::MonomialTable table = mace::monomial_table(in, c.outs, c.max_nu);
   std::vector<at::Tensor> stacked, indices;
   dense_arguments(table, stacked, indices, dtype);
-  const int64_t N = 23, Z = 3, C = c.C;
+  const int64_t N = 70, Z = 3, C = c.C;  // more nodes than one parallel task (16) holds
   at::manual_seed(7);
   // Element weights [Z, K, C] and a node → element map using every element.
   std::vector<std::vector<at::Tensor>> wz(c.outs.size()), wn(c.outs.size());

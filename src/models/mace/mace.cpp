@@ -335,6 +335,8 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
   for (size_t b = 0; b < L.out.size() && !chunked; ++b)
     for (const auto& W : product_weights_[ts][b]) wz[b].push_back(W.defined() ? W.index_select(0, elem) : at::Tensor());
   std::vector<at::Tensor> prod;
+  std::vector<int64_t> out_dims;  // each output irrep's dimension, as the engine and checkpointed paths join them
+  for (const auto& term : L.out.terms()) out_dims.push_back(term.irrep.dim());
   if (options_.reference_autograd) {
     const size_t corr = static_cast<size_t>(options_.correlation);
     for (size_t b = 0; b < L.out.size(); ++b) {
@@ -342,6 +344,17 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
                                                      L.bases.begin() + static_cast<long>((b + 1) * corr));
       prod.push_back(mace::symmetric_contraction_reference(A, bases, wz[b]));
     }
+  } else if (chunked && A.device().is_cpu() && radial_spline_enabled()) {
+    // The engine (with the radial splines, issue 48): one fused loop over
+    // nodes, forward and reverse (product_basis_engine.h), no monomials
+    // stored and no LibTorch op per chunk.
+    std::vector<std::vector<at::Tensor>> w(product_weights_[ts].size());
+    for (size_t o = 0; o < w.size(); ++o)
+      for (const auto& W : product_weights_[ts][o])
+        w[o].push_back(W.defined() ? W.detach().to(A.scalar_type()).contiguous() : W);
+    const at::Tensor all = mace::product_basis_engine(
+        A, elem.to(at::kLong), w, std::make_shared<const mace::ProductBasisPlan>(mace::product_basis_plan(*L.table)));
+    prod = at::split_with_sizes(all, out_dims, 1);
   } else {
     std::vector<at::Tensor> stacked, indices;  // in A's dtype and device
     for (const auto& c : L.stacked_coefficients) stacked.push_back(c.defined() ? c.to(A.options()) : c);
@@ -350,8 +363,6 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
     auto joined = [](const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 1); };
     const int64_t rows_chunk = std::max<int64_t>(1, inference_edge_chunk() / 16);
     const Layer* Lp = &L;
-    std::vector<int64_t> out_dims;  // each output irrep's dimension, as the checkpointed paths join them
-    for (const auto& term : L.out.terms()) out_dims.push_back(term.irrep.dim());
     at::Tensor all;
     if (chunked) {
       // Inference path: the monomials ([N, M_ν, C], ~100 KB per atom at
@@ -374,24 +385,12 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
         }
         return w;
       };
-      // The engine (with the radial splines, issue 48): one fused loop over
-      // nodes, forward and reverse (product_basis_engine.h), no monomials
-      // stored and no LibTorch op per chunk. The exact reference path keeps
-      // the dense products, differentiated by autograd on each recomputed
-      // chunk.
+      // The exact reference path: the dense products, differentiated by
+      // autograd on each recomputed chunk.
       auto product = [Lp, stacked, indices, chunk_weights, joined](const at::Tensor& A_rows, int64_t b, int64_t e) {
         return joined(mace::symmetric_contraction_fast(A_rows, *Lp->table, stacked, indices, chunk_weights(b, e)));
       };
-      if (A.device().is_cpu() && radial_spline_enabled()) {
-        std::vector<std::vector<at::Tensor>> w(product_weights_[ts].size());
-        for (size_t o = 0; o < w.size(); ++o)
-          for (const auto& W : product_weights_[ts][o])
-            w[o].push_back(W.defined() ? W.detach().to(A.scalar_type()).contiguous() : W);
-        all = mace::product_basis_engine(A, elem.to(at::kLong), w,
-                                         std::make_shared<const mace::ProductBasisPlan>(mace::product_basis_plan(*L.table)));
-      } else {
-        all = checkpointed_rows(A, rows_chunk, product);
-      }
+      all = checkpointed_rows(A, rows_chunk, product);
     } else if (A.size(0) > 16 * inference_edge_chunk()) {
       // Training path at MD scale (more than 16384 nodes by default): the
       // monomials and their first and second derivatives exist for one
