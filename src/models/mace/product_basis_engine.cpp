@@ -37,10 +37,11 @@ struct Flat {
   int64_t mono_rows = 0;
   const ProductBasisPlan* plan = nullptr;
   std::vector<std::vector<T>> value;         ///< per ν: P_ν's nonzeros in T.
-  std::vector<std::vector<int64_t>> w_base;  ///< per ν, row: offset of W[z = 0, k, 0] in `w`.
+  std::vector<std::vector<int64_t>> w_base;  ///< per ν, row: offset of W[z = 0, k, 0] in its w_of data.
   std::vector<std::vector<int64_t>> w_zstride;  ///< per ν, row: K · C_padded.
   std::vector<T> packed;  ///< the weights with C padded to a block, when C is not a multiple of one.
-  std::vector<const T*> w_of;  ///< per ν, row: the weights' data (packed or the tensor's).
+  std::vector<const T*> w_of;  ///< per row of every degree in turn: the weights' data (packed or the tensor's).
+  std::vector<size_t> first_row;  ///< per ν: the index of its first row in w_of.
 };
 
 int64_t padded(int64_t C) { return (C + kBlock - 1) / kBlock * kBlock; }
@@ -97,8 +98,10 @@ Flat<T> flatten(const ProductBasisPlan& plan, const std::vector<std::vector<at::
       data[vs].push_back(pack ? f.packed.data() : W.data_ptr<T>());
     }
   }
-  // The loops walk the rows of all degrees in order: one pointer per row.
-  for (auto& d : data) f.w_of.insert(f.w_of.end(), d.begin(), d.end());
+  for (auto& d : data) {
+    f.first_row.push_back(f.w_of.size());
+    f.w_of.insert(f.w_of.end(), d.begin(), d.end());
+  }
   return f;
 }
 
@@ -138,11 +141,10 @@ CRUCIBLE_INLINE_IN_CLONES void monomials(const Flat<T>& f, const T* __restrict x
   }
 }
 
-/// The weight row of row r of degree v for element z, channel block c0.
+/// The weight row of row r of degree vs + 1 for element z, channel block c0.
 template <class T>
-CRUCIBLE_INLINE_IN_CLONES const T* weight_row(const Flat<T>& f, size_t row_index, size_t vs, size_t r, int64_t z,
-                                              int64_t c0) {
-  return f.w_of[row_index] + f.w_base[vs][r] + z * f.w_zstride[vs][r] + c0;
+CRUCIBLE_INLINE_IN_CLONES const T* weight_row(const Flat<T>& f, size_t vs, size_t r, int64_t z, int64_t c0) {
+  return f.w_of[f.first_row[vs] + r] + f.w_base[vs][r] + z * f.w_zstride[vs][r] + c0;
 }
 
 template <class T>
@@ -159,13 +161,12 @@ CRUCIBLE_INLINE_IN_CLONES void forward_nodes(const Flat<T>& f, const T* x, const
       load_block(x + n * D * C, D, C, c0, w, xl.data());
       monomials(f, xl.data(), mono.data(), f.max_nu);
       std::fill(yl.begin(), yl.end(), T(0));
-      size_t row_index = 0;
       for (int v = 0; v < f.max_nu; ++v) {
         const size_t vs = static_cast<size_t>(v);
         const auto& deg = plan.degrees[vs];
         const T* __restrict mv = mono.data() + f.mono_offset[vs] * kBlock;
         const T* val = f.value[vs].data();
-        for (size_t r = 0; r + 1 < deg.row_first.size(); ++r, ++row_index) {
+        for (size_t r = 0; r + 1 < deg.row_first.size(); ++r) {
           #pragma omp simd
           for (int64_t c = 0; c < kBlock; ++c) b[c] = T(0);
           for (int64_t q = deg.row_first[r]; q < deg.row_first[r + 1]; ++q) {
@@ -174,7 +175,7 @@ CRUCIBLE_INLINE_IN_CLONES void forward_nodes(const Flat<T>& f, const T* x, const
             #pragma omp simd
             for (int64_t c = 0; c < kBlock; ++c) b[c] += a * mr[c];
           }
-          const T* __restrict wr = weight_row(f, row_index, vs, r, z, c0);
+          const T* __restrict wr = weight_row(f, vs, r, z, c0);
           T* __restrict yr = yl.data() + deg.out_row[r] * kBlock;
           #pragma omp simd
           for (int64_t c = 0; c < kBlock; ++c) yr[c] += b[c] * wr[c];
@@ -194,12 +195,6 @@ CRUCIBLE_INLINE_IN_CLONES void vjp_nodes(const Flat<T>& f, const T* x, const int
   std::vector<T> xl(static_cast<size_t>(D * kBlock)), gxl(static_cast<size_t>(D * kBlock)),
       gyl(static_cast<size_t>(O * kBlock)), mono(static_cast<size_t>(f.mono_rows * kBlock)),
       gmono(static_cast<size_t>(f.mono_rows * kBlock));
-  // Row index of each degree's first row in f.w_of.
-  std::vector<size_t> first_row(static_cast<size_t>(f.max_nu) + 1, 0);
-  for (int v = 0; v < f.max_nu; ++v) {
-    first_row[static_cast<size_t>(v) + 1] =
-        first_row[static_cast<size_t>(v)] + plan.degrees[static_cast<size_t>(v)].out_row.size();
-  }
   T gb[kBlock];
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t z = elem[n];
@@ -217,7 +212,7 @@ CRUCIBLE_INLINE_IN_CLONES void vjp_nodes(const Flat<T>& f, const T* x, const int
         const T* val = f.value[vs].data();
         // gM_ν += P_νᵀ (gy ⊙ W), row by row of P_ν.
         for (size_t r = 0; r + 1 < deg.row_first.size(); ++r) {
-          const T* __restrict wr = weight_row(f, first_row[vs] + r, vs, r, z, c0);
+          const T* __restrict wr = weight_row(f, vs, r, z, c0);
           const T* __restrict gr = gyl.data() + deg.out_row[r] * kBlock;
           #pragma omp simd
           for (int64_t c = 0; c < kBlock; ++c) gb[c] = gr[c] * wr[c];
