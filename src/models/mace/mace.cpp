@@ -352,8 +352,7 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
     for (size_t o = 0; o < w.size(); ++o)
       for (const auto& W : product_weights_[ts][o])
         w[o].push_back(W.defined() ? W.detach().to(A.scalar_type()).contiguous() : W);
-    const at::Tensor all = mace::product_basis_engine(
-        A, elem.to(at::kLong), w, std::make_shared<const mace::ProductBasisPlan>(mace::product_basis_plan(*L.table)));
+    const at::Tensor all = mace::product_basis_engine(A, elem.to(at::kLong), w, L.engine_plan);
     prod = at::split_with_sizes(all, out_dims, 1);
   } else {
     std::vector<at::Tensor> stacked, indices;  // in A's dtype and device

@@ -4,6 +4,7 @@
 // of the model, and the fast-path tables are rebuilt from them.
 
 #include "crucible/models/mace/mace.h"
+#include "crucible/models/mace/product_basis_engine.h"
 #include "crucible/models/mace/radial.h"
 
 #include <ATen/ATen.h>
@@ -41,6 +42,7 @@ void MaceImpl::stack_product_tables(Layer& L) {
     L.monomial_indices.push_back(nu == 1 ? L.table->monomials[0].select(1, 0).contiguous()
                                          : L.table->parents[static_cast<size_t>(nu - 1)]);
   }
+  L.engine_plan = std::make_shared<const mace::ProductBasisPlan>(mace::product_basis_plan(*L.table));
 }
 
 double MaceImpl::silu_factor() const {

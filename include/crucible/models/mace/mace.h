@@ -23,6 +23,10 @@
 #include <vector>
 #include <algorithm>
 
+namespace crucible::mace {
+struct ProductBasisPlan;  // product_basis_engine.h
+}  // namespace crucible::mace
+
 namespace crucible {
 
 /// MACE hyperparameters (the reference code's names and defaults).
@@ -174,6 +178,9 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
     // Fast path, built once: per ν the outputs' coefficient rows stacked
     // (float64, CPU; undefined if none) and the monomial indices.
     std::vector<at::Tensor> stacked_coefficients, monomial_indices;
+    // The inference engine's index form of `table` (product_basis_engine.h),
+    // built with it: the same for every call.
+    std::shared_ptr<const mace::ProductBasisPlan> engine_plan;
     size_t out_scalar = 0;  // index of 0e in `out`
   };
   at::Tensor element_index(const at::Tensor& atomic_numbers) const;
