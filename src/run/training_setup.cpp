@@ -67,13 +67,8 @@ struct RunData {
 RunData read_run_data(Config& config, std::ostream& err) {
   const auto& tc = config.training;
   RunData d;
-  std::vector<Structure>& train = d.train;
-  std::vector<Structure>& valid = d.valid;
-  std::vector<Structure>& replay = d.replay;
-  std::vector<Structure>& isolated = d.isolated;
-  std::string& split_text = d.split_text;
-  d.train_path = resolve_data_path(config.data.train_file, "data.train_file");
-  const std::string& train_path = d.train_path;
+  const std::string train_path = resolve_data_path(config.data.train_file, "data.train_file");
+  d.train_path = train_path;
   config.data.train_file = train_path;
   std::vector<Structure> all = read_file(train_path, config.data, "data.train_file");
   LabelAudit label_audit;  // issue 47: labels under keys not named, every file in one message
@@ -81,7 +76,7 @@ RunData read_run_data(Config& config, std::ostream& err) {
   // data.e0s isolated: the isolated-atom frames give the E0s and are
   // neither trained nor validated on (issue 18).
   const bool isolated_e0s = config.data.e0s.mode == "isolated";
-  if (isolated_e0s) isolated = take_isolated_atoms(all);
+  if (isolated_e0s) d.isolated = take_isolated_atoms(all);
   if (config.data.e0s.mode == "least_squares") {  // issue 47: name the rule their frames are for
     const auto n_isolated = std::count_if(all.begin(), all.end(), is_isolated_atom);
     if (n_isolated > 0) {
@@ -95,11 +90,11 @@ RunData read_run_data(Config& config, std::ostream& err) {
   if (config.data.valid_file) {
     const std::string valid_path = resolve_data_path(*config.data.valid_file, "data.valid_file");
     config.data.valid_file = valid_path;
-    valid = read_file(valid_path, config.data, "data.valid_file");
-    label_audit.add(valid_path, valid, extxyz_options(config.data));
-    if (isolated_e0s) (void)take_isolated_atoms(valid);
-    train = std::move(all);
-    split_text = "validation file " + valid_path;
+    d.valid = read_file(valid_path, config.data, "data.valid_file");
+    label_audit.add(valid_path, d.valid, extxyz_options(config.data));
+    if (isolated_e0s) (void)take_isolated_atoms(d.valid);
+    d.train = std::move(all);
+    d.split_text = "validation file " + valid_path;
   } else {
     const int64_t n = static_cast<int64_t>(all.size());
     if (n < 2) {
@@ -113,21 +108,21 @@ RunData read_run_data(Config& config, std::ostream& err) {
       throw ConfigError("data.valid_fraction leaves no training structures: must be smaller, got " +
                         fmt::format("{}", config.data.valid_fraction));
     }
-    for (int64_t i : ti) train.push_back(all[i]);
-    for (int64_t i : vi) valid.push_back(all[i]);
-    split_text = fmt::format("valid_fraction {} of train_file, split seed {}",
-                             config.data.valid_fraction, config.data.seed);
+    for (int64_t i : ti) d.train.push_back(all[i]);
+    for (int64_t i : vi) d.valid.push_back(all[i]);
+    d.split_text = fmt::format("valid_fraction {} of train_file, split seed {}",
+                               config.data.valid_fraction, config.data.seed);
   }
   all.clear();
   // training.replay (issue 18): the pool of original structures.
   if (tc.replay.file) {
     const std::string replay_path = resolve_data_path(*tc.replay.file, "training.replay.file");
     config.training.replay.file = replay_path;
-    replay = read_file(replay_path, config.data, "training.replay.file");
-    label_audit.add(replay_path, replay, extxyz_options(config.data));
-    if (isolated_e0s) (void)take_isolated_atoms(replay);
-    if (replay.empty()) throw DataError(replay_path + ": training.replay.file holds no structure to replay");
-    for (auto& s : replay) s.weight *= tc.replay.weight;
+    d.replay = read_file(replay_path, config.data, "training.replay.file");
+    label_audit.add(replay_path, d.replay, extxyz_options(config.data));
+    if (isolated_e0s) (void)take_isolated_atoms(d.replay);
+    if (d.replay.empty()) throw DataError(replay_path + ": training.replay.file holds no structure to replay");
+    for (auto& s : d.replay) s.weight *= tc.replay.weight;
   }
 
   label_audit.throw_if_any();
@@ -147,13 +142,10 @@ struct RunLoss {
 
 RunLoss build_run_loss(const LossSettings& lc, const LabelCounts& tl, const DataConfig& data, std::ostream& err) {
   RunLoss out;
-  WeightedSumLoss& loss = out.loss;
-  std::vector<std::string>& terms = out.terms;
-  std::string& loss_text = out.text;
   auto add_term = [&](const std::string& name, const std::string& desc) {
     auto schedule = loss_weight_schedule(lc, name);
-    loss.add(loss_term(lc, name), schedule);
-    terms.push_back(name);
+    out.loss.add(loss_term(lc, name), schedule);
+    out.terms.push_back(name);
     std::string w = fmt::format("{}", schedule->weight(0, 0));
     if (lc.schedule != "constant") {
       const double w_final = name == "energy"   ? lc.energy_weight_final
@@ -163,7 +155,7 @@ RunLoss build_run_loss(const LossSettings& lc, const LabelCounts& tl, const Data
                       lc.schedule_start,
                       lc.schedule == "step" ? lc.schedule_start : lc.schedule_end);
     }
-    loss_text += (loss_text.empty() ? "" : " + ") + fmt::format("{}·{}", w, desc);
+    out.text += (out.text.empty() ? "" : " + ") + fmt::format("{}·{}", w, desc);
   };
   const std::string penalty =
       lc.kind == "mse" ? "MSE" : lc.kind == "mae" ? "MAE" : fmt::format("Huber(δ={})", lc.huber_delta);
@@ -184,15 +176,15 @@ RunLoss build_run_loss(const LossSettings& lc, const LabelCounts& tl, const Data
     }
   }
   if (max_loss_weight(lc, "stress") > 0 && tl.stress > 0) add_term("stress", penalty + " stress");
-  loss.set_normalize_weights(lc.normalize_weights);
-  loss.set_config_type_weights(lc.config_type_weights);
+  out.loss.set_normalize_weights(lc.normalize_weights);
+  out.loss.set_config_type_weights(lc.config_type_weights);
   if (!lc.config_type_weights.empty()) {
     std::string types;
     for (const auto& [t, w] : lc.config_type_weights) types += fmt::format("{}{} {}", types.empty() ? "" : ", ", t, w);
-    loss_text += "; config_type weights " + types;
+    out.text += "; config_type weights " + types;
   }
-  if (lc.normalize_weights) loss_text += "; normalized by the weight sum";
-  if (loss.empty()) {
+  if (lc.normalize_weights) out.text += "; normalized by the weight sum";
+  if (out.loss.empty()) {
     throw ConfigError("training.loss must have a weight > 0 for a label the training data has "
                       "(energy " + std::to_string(tl.energy) + ", forces " +
                       std::to_string(tl.forces) + ", stress " + std::to_string(tl.stress) +
