@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -116,6 +117,75 @@ TEST(SphericalHarmonics, ZeroVectorHasFiniteGradientAndErrorsNameTheInput) {
   EXPECT_TRUE(v.grad().isfinite().all().item<bool>());
   EXPECT_THROW(spherical_harmonics(at::zeros({2, 2}), 1), std::invalid_argument);
   EXPECT_THROW(spherical_harmonics(at::zeros({2, 3}), 4), std::invalid_argument);
+}
+
+// The engine's fused harmonics (issue 48) against the reference form:
+// values, and the hand-written gradient against autograd through the
+// reference and against central finite differences (independent oracle).
+at::Tensor random_vectors(at::ScalarType dt) {
+  at::manual_seed(7);
+  at::Tensor v = at::randn({300, 3}, at::kDouble) * 2.5;
+  v[0] = at::zeros({3}, at::kDouble);                        // no direction
+  v[1] = at::tensor({0.0, 0.0, -1.7}, at::kDouble);          // on an axis
+  v[2] = at::tensor({1e-3, -2e-3, 5e-4}, at::kDouble);       // short
+  return v.to(dt);
+}
+
+TEST(SphericalHarmonicsEngine, ValuesAndGradientEqualTheReferenceForm) {
+  for (const at::ScalarType dt : {at::kDouble, at::kFloat}) {
+    const double tol = dt == at::kDouble ? 1e-13 : 2e-6;
+    for (const bool normalize : {true, false}) {
+      for (int lmax = 0; lmax <= 3; ++lmax) {
+        at::Tensor v = random_vectors(dt);
+        if (!normalize) v = v / v.norm(2, 1, true).clamp_min(1e-30);  // unit rows, the zero row kept
+        const at::Tensor a = v.clone().requires_grad_(true), b = v.clone().requires_grad_(true);
+        const at::Tensor ya = mace::spherical_harmonics(a, lmax, normalize);
+        const at::Tensor yb = mace::spherical_harmonics_engine(b, lmax, normalize);
+        ASSERT_EQ(yb.sizes(), ya.sizes());
+        ASSERT_EQ(yb.scalar_type(), dt);
+        EXPECT_LT((ya - yb).abs().max().item<double>(), tol) << "values lmax " << lmax << " normalize " << normalize;
+        const at::Tensor g = at::randn(ya.sizes(), at::kDouble).to(dt);
+        const at::Tensor gb = torch::autograd::grad({yb}, {b}, {g})[0];
+        if (lmax == 0) {  // Y_00 is a constant: the reference has no graph, the engine a zero gradient
+          EXPECT_EQ(gb.abs().max().item<double>(), 0.0);
+          continue;
+        }
+        const at::Tensor ga = torch::autograd::grad({ya}, {a}, {g})[0];
+        const double scale = ga.abs().max().item<double>() + 1.0;
+        EXPECT_LT((ga - gb).abs().max().item<double>(), tol * scale * (normalize ? 1e3 : 1.0))
+            << "gradient lmax " << lmax << " normalize " << normalize;  // the 1e-3 Å row: 1/|v| = 400
+        if (normalize) EXPECT_EQ(gb[0].abs().sum().item<double>(), 0.0);  // a zero row has no gradient
+      }
+    }
+  }
+}
+
+TEST(SphericalHarmonicsEngine, GradientEqualsFiniteDifferences) {
+  at::manual_seed(3);
+  const at::Tensor v = at::randn({40, 3}, at::kDouble) * 2.0;
+  const at::Tensor g = at::randn({40, 16}, at::kDouble);
+  const at::Tensor a = v.clone().requires_grad_(true);
+  const at::Tensor grad = torch::autograd::grad({mace::spherical_harmonics_engine(a, 3)}, {a}, {g})[0];
+  const double h = 1e-6;
+  for (int c = 0; c < 3; ++c) {
+    at::Tensor plus = v.clone(), minus = v.clone();
+    plus.select(1, c).add_(h);
+    minus.select(1, c).sub_(h);
+    // Each row's harmonics depend on that row only: one column of the
+    // Jacobian-vector products for all rows at once.
+    const at::Tensor fd = ((mace::spherical_harmonics_engine(plus, 3) - mace::spherical_harmonics_engine(minus, 3)) * g)
+                              .sum(1) / (2 * h);
+    EXPECT_LT((fd - grad.select(1, c)).abs().max().item<double>(), 1e-7) << "component " << c;
+  }
+}
+
+TEST(SphericalHarmonicsEngine, RefusesASecondDerivativeAndBadInput) {
+  const at::Tensor v = at::randn({5, 3}, at::kDouble).requires_grad_(true);
+  const at::Tensor y = mace::spherical_harmonics_engine(v, 3);
+  EXPECT_THROW(torch::autograd::grad({y.sum()}, {v}, {}, /*retain_graph=*/true, /*create_graph=*/true),
+               std::runtime_error);
+  EXPECT_THROW(mace::spherical_harmonics_engine(at::zeros({2, 2}), 1), std::invalid_argument);
+  EXPECT_THROW(mace::spherical_harmonics_engine(at::zeros({2, 3}), 4), std::invalid_argument);
 }
 
 TEST(ClebschGordan, EveryCoefficientToL3MatchesSympy) {

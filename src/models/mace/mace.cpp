@@ -524,7 +524,10 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     // basis "mace": e3nn's harmonics of r_i − r_j are Crucible's at
     // P(r_i − r_j), P(x, y, z) = (z, x, y) (docs/mace_import.md).
     const at::Tensor sh_vec = mace_basis() ? -vec.index_select(1, at::tensor({2, 0, 1}, at::kLong).to(vec.device())) : vec;
-    Y = mace::spherical_harmonics(sh_vec, options_.max_ell);  // [E, (max_ell+1)²]
+    // The engine's harmonics are one fused loop with a hand-written reverse
+    // pass (issue 48); the exact path keeps the reference form.
+    Y = splined ? mace::spherical_harmonics_engine(sh_vec, options_.max_ell)
+                : mace::spherical_harmonics(sh_vec, options_.max_ell);  // [E, (max_ell+1)²]
     if (!ref) {
       // The radial weights depend on the distance only: once per edge pair.
       const at::Tensor shifts = batch.shifts.defined() ? batch.shifts : at::zeros({batch.num_edges(), 3}, at::kLong);

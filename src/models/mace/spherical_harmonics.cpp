@@ -2,6 +2,7 @@
 // vector (x, y, z). See include/crucible/models/mace/spherical_harmonics.h.
 
 #include "crucible/models/mace/spherical_harmonics.h"
+#include "harmonic_constants.h"
 
 #include <cmath>
 #include <stdexcept>
@@ -27,32 +28,20 @@ at::Tensor spherical_harmonics(const at::Tensor& vectors, int lmax, bool normali
     u = at::where(positive, vectors / norm, at::zeros_like(vectors));
   }
   const at::Tensor x = u.select(1, 0), y = u.select(1, 1), z = u.select(1, 2);
-  const double pi = 3.14159265358979323846;
-  const double c4pi = std::sqrt(4.0 * pi);  // component normalisation
+  const detail::HarmonicConstants k = detail::harmonic_constants();
   std::vector<at::Tensor> cols;
-  cols.push_back(at::full_like(x, 0.5 * std::sqrt(1.0 / pi) * c4pi));
-  if (lmax >= 1) {
-    const double c = std::sqrt(3.0 / (4.0 * pi)) * c4pi;
-    cols.insert(cols.end(), {c * y, c * z, c * x});
-  }
+  cols.push_back(at::full_like(x, k.k00));
+  if (lmax >= 1) cols.insert(cols.end(), {k.k1 * y, k.k1 * z, k.k1 * x});
   if (lmax >= 2) {
-    const double a = 0.5 * std::sqrt(15.0 / pi) * c4pi;
-    const double b = 0.25 * std::sqrt(5.0 / pi) * c4pi;
-    const double d = 0.25 * std::sqrt(15.0 / pi) * c4pi;
-    cols.insert(cols.end(), {a * x * y, a * y * z, b * (3.0 * z * z - 1.0), a * x * z,
-                             d * (x * x - y * y)});
+    cols.insert(cols.end(), {k.k2a * x * y, k.k2a * y * z, k.k2b * (3.0 * z * z - 1.0), k.k2a * x * z,
+                             k.k2d * (x * x - y * y)});
   }
   if (lmax >= 3) {
-    const double c3 = 0.25 * std::sqrt(35.0 / (2.0 * pi)) * c4pi;
-    const double c2 = 0.5 * std::sqrt(105.0 / pi) * c4pi;
-    const double c1 = 0.25 * std::sqrt(21.0 / (2.0 * pi)) * c4pi;
-    const double c0 = 0.25 * std::sqrt(7.0 / pi) * c4pi;
-    const double c2b = 0.25 * std::sqrt(105.0 / pi) * c4pi;
     const at::Tensor z2 = z * z;
-    cols.insert(cols.end(), {c3 * y * (3.0 * x * x - y * y), c2 * x * y * z,
-                             c1 * y * (5.0 * z2 - 1.0), c0 * z * (5.0 * z2 - 3.0),
-                             c1 * x * (5.0 * z2 - 1.0), c2b * z * (x * x - y * y),
-                             c3 * x * (x * x - 3.0 * y * y)});
+    cols.insert(cols.end(), {k.k3c3 * y * (3.0 * x * x - y * y), k.k3c2 * x * y * z,
+                             k.k3c1 * y * (5.0 * z2 - 1.0), k.k3c0 * z * (5.0 * z2 - 3.0),
+                             k.k3c1 * x * (5.0 * z2 - 1.0), k.k3c2b * z * (x * x - y * y),
+                             k.k3c3 * x * (x * x - 3.0 * y * y)});
   }
   at::Tensor out = at::stack(cols, 1);
   if (positive.defined() && lmax >= 1) {

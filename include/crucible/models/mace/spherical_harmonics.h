@@ -25,4 +25,20 @@ namespace crucible::mace {
 ///         is outside 0..3.
 at::Tensor spherical_harmonics(const at::Tensor& vectors, int lmax, bool normalize = true);
 
+/// The same harmonics for the inference engine (issue 48): one fused loop
+/// over the rows, forward and a hand-written first-order backward,
+///   ∂L/∂v = (g_u − (g_u · r̂) r̂) / |v|,  g_u[a] = Σ_lm ∂L/∂Y_lm · ∂Y_lm/∂u_a
+/// (the polynomials' partial derivatives in u = (x, y, z), projected on
+/// the plane normal to r̂ by d(v/|v|)/dv = (I − r̂ r̂ᵀ)/|v|; with
+/// normalize = false, ∂L/∂v = g_u). A zero row has Y_00 only and no
+/// gradient, as spherical_harmonics.
+/// Arguments, result and convention as spherical_harmonics(); CPU float32
+/// and float64 run the fused loop (at::parallel_for over rows), other
+/// devices and dtypes return spherical_harmonics() itself.
+/// @throws std::invalid_argument as spherical_harmonics();
+///         std::runtime_error from the backward if a differentiable
+///         backward (create_graph) is asked: the engine has no second
+///         derivative (training uses spherical_harmonics()).
+at::Tensor spherical_harmonics_engine(const at::Tensor& vectors, int lmax, bool normalize = true);
+
 }  // namespace crucible::mace
