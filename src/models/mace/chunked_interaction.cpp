@@ -6,6 +6,7 @@
 #include "crucible/models/chunk_parallel.h"
 #include "crucible/models/silu.h"
 #include "crucible/models/mace/edge_contraction.h"
+#include "crucible/models/mace/sparse_coupling.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -24,17 +25,19 @@ using torch::autograd::variable_list;
 struct Layout {
   std::vector<int64_t> terms;              // input terms with paths
   std::vector<at::Tensor> coupling;        // per listed term: M [Dsh, rows·d1], x's dtype
+  std::vector<SparseCoupling> sparse;      // per listed term, with a spline (the engine): M by column
   std::vector<at::Tensor> row_path;        // per listed term: [rows] int64
   std::vector<int64_t> term_offset, term_dim;  // per listed term: rows of x
 };
 
-Layout make_layout(const ConvTensorProduct& tp, const at::Tensor& like) {
+Layout make_layout(const ConvTensorProduct& tp, const at::Tensor& like, bool engine) {
   Layout L;
   const auto offsets = tp.in().offsets();
   for (size_t a = 0; a < tp.in().size(); ++a) {
     if (!tp.term_coupling(a).defined()) continue;
     L.terms.push_back(static_cast<int64_t>(a));
     L.coupling.push_back(tp.term_coupling(a).to(like.options()));
+    if (engine) L.sparse.emplace_back(tp.term_coupling(a));
     L.row_path.push_back(tp.term_row_path(a).to(like.device()).contiguous());
     L.term_offset.push_back(offsets[a]);
     L.term_dim.push_back(tp.in().terms()[a].irrep.dim());
@@ -47,7 +50,7 @@ struct Chunk {
   at::Tensor edges, local, recv, send;  // [Ec]
   std::vector<at::Tensor> z;            // MLP pre-activations [Pc, width] (all but the last layer)
   at::Tensor w;                         // [Pc, P_paths, C], contiguous: one row per pair, edge e's is local[e]
-  at::Tensor Y;                         // [Ec, Dsh]
+  at::Tensor Y;                         // [Ec, Dsh] (not with a spline: the engine reads Y's rows in place)
   std::vector<at::Tensor> T;            // per listed term: [Ec, rows, d1], contiguous
 };
 
@@ -73,6 +76,15 @@ Chunk make_chunk(int64_t p0, int64_t p1, const at::Tensor& feats, const at::Tens
   }
   const int64_t Ec = k.edges.size(0);
   k.w = h.view({p1 - p0, num_paths, C}).contiguous();
+  if (spline) {  // the engine: the tables straight from Y's rows (Y contiguous, CPU)
+    for (size_t t = 0; t < L.terms.size(); ++t) {
+      at::Tensor T = at::empty({Ec, L.row_path[t].size(0), L.term_dim[t]}, Y.options());
+      at::Tensor flat = T.view({Ec, -1});
+      L.sparse[t].tables(Y, k.edges, flat);
+      k.T.push_back(T);
+    }
+    return k;
+  }
   k.Y = Y.index_select(0, k.edges);
   for (size_t t = 0; t < L.terms.size(); ++t) {
     k.T.push_back(at::mm(k.Y, L.coupling[t]).view({Ec, -1, L.term_dim[t]}).contiguous());
@@ -100,7 +112,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
                                 const at::Tensor& edge_pair,
                                 const at::Tensor& order, const at::Tensor& pair_offsets, const at::Tensor& receiver,
                                 const at::Tensor& sender, const ConvTensorProduct& tp, int64_t chunk) {
-    const Layout L = make_layout(tp, x);
+    const Layout L = make_layout(tp, x, spline != nullptr);
     const int64_t N = x.size(0), C = x.size(2), P = feats.size(0), NP = tp.num_paths();
     std::vector<at::Tensor> xs, like;
     for (size_t t = 0; t < L.terms.size(); ++t) {
@@ -140,7 +152,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
     const auto* tp = reinterpret_cast<const ConvTensorProduct*>(ctx->saved_data["tp"].toInt());
     const auto* spline = reinterpret_cast<const RadialSpline*>(ctx->saved_data["spline"].toInt());
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    const Layout L = make_layout(*tp, x);
+    const Layout L = make_layout(*tp, x, spline != nullptr);
     const int64_t C = x.size(2), P = feats.size(0), NP = tp->num_paths();
     const at::Tensor gA = grads[0];
     std::vector<at::Tensor> xs, gs;
@@ -165,15 +177,19 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
       const Chunk k = make_chunk(p0, p1, feats, Y, mlp, spline, L, edge_pair, order, off, receiver, sender, NP, C);
       const int64_t Ec = k.edges.size(0);
       at::Tensor gw = at::zeros_like(k.w);  // per pair: each sums its edges
-      at::Tensor gYc = at::zeros_like(k.Y);
+      at::Tensor gYc = spline ? at::Tensor() : at::zeros_like(k.Y);
       for (size_t t = 0; t < L.terms.size(); ++t) {
         at::Tensor gT = at::empty_like(k.T[t]);
         at::Tensor none;
         edge_contraction_backward_accumulate(need_gx ? acc[t] : none, gw, gT, gs[t], k.w, k.T[t], xs[t], k.recv,
                                              k.send, L.row_path[t], k.local);
-        gYc.addmm_(gT.view({Ec, -1}), L.coupling[t].t());  // T = Y M
+        if (spline) {  // the engine: straight into gY's rows
+          L.sparse[t].tables_backward(gT.view({Ec, -1}), k.edges, gY);
+        } else {
+          gYc.addmm_(gT.view({Ec, -1}), L.coupling[t].t());  // T = Y M
+        }
       }
-      gY.index_copy_(0, k.edges, gYc);
+      if (!spline) gY.index_copy_(0, k.edges, gYc);
       // Back through the MLP (or the spline), per pair.
       at::Tensor g = gw.view({p1 - p0, NP * C});
       if (spline) {  // ∂/∂r of the spline: feats holds the distances
@@ -220,7 +236,9 @@ at::Tensor chunked_aggregate(const at::Tensor& x, const at::Tensor& Y, const at:
   TORCH_CHECK(x.scalar_type() == Y.scalar_type() && x.scalar_type() == feats.scalar_type(),
               "chunked_aggregate: x, Y and feats must share one dtype");
   TORCH_CHECK(chunk >= 1, "chunked_aggregate: chunk must be >= 1");
-  return ChunkedAggregate::apply(x, Y, feats, at::TensorList(mlp), edges.edge_pair, edges.order, edges.offsets,
+  // The engine reads Y's rows and the chunks' edge indices in place.
+  return ChunkedAggregate::apply(x, spline ? Y.contiguous() : Y, feats, at::TensorList(mlp), edges.edge_pair,
+                                 spline ? edges.order.contiguous() : edges.order, edges.offsets,
                                  edges.receiver, edges.sender, &tp, spline, chunk);
 }
 

@@ -36,7 +36,10 @@ namespace crucible::mace {
 /// instead of the MLP, `feats` holds the pair distances r [P, 1] and `mlp`
 /// (the weights the spline was made from) is not evaluated, only refused a
 /// gradient as without a spline; the backward gives ∂/∂r through the
-/// spline's derivative. The spline must outlive the autograd graph.
+/// spline's derivative. The spline must outlive the autograd graph. With a
+/// spline (the engine), the tables T are also made from the nonzeros of M
+/// column by column, reading Y's rows in place, and ∂/∂Y is written
+/// straight into its rows: no [Ec, Dsh] gather or K = Dsh product per chunk.
 ///
 /// Backward: ∂/∂x, ∂/∂Y and ∂/∂feats, first order, by hand (silu'(z) =
 /// σ(z)(1 + z(1 − σ(z))), T linear in Y, the contraction's four slots).
