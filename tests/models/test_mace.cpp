@@ -450,5 +450,35 @@ TEST(MaceElementLinear, EqualsThePerNodeProductForEveryElementCount) {
   }
 }
 
+// The engine's merged form: x · (A · W[elem]) against the per-node einsum
+// of the two maps in turn, values and the gradients in x, A and W.
+TEST(MaceElementLinear, MergedWithThePrecedingLinearEqualsBothInTurn) {
+  at::manual_seed(9);
+  for (int64_t nE : {1, 5, 12}) {
+    for (bool mixed : {false, true}) {
+      SCOPED_TRACE(std::to_string(nE) + (mixed ? " mixed" : " one element"));
+      const int64_t N = 29, d = 5, K = 10, C = 8, Co = 6;
+      const auto opt = at::TensorOptions().dtype(at::kDouble);
+      const at::Tensor elem = mixed ? at::randint(0, nE, {N}, at::kLong) : at::full({N}, nE - 1, at::kLong);
+      at::Tensor x = at::randn({N, d, K}, opt).requires_grad_(true);
+      at::Tensor A = at::randn({K, C}, opt).requires_grad_(true);
+      at::Tensor W = at::randn({nE, C, Co}, opt).requires_grad_(true);
+      const at::Tensor gy = at::randn({N, d, Co}, opt);
+      const at::Tensor y = element_linear_after(x, A, W, elem);
+      const auto g = torch::autograd::grad({(y * gy).sum()}, {x, A, W});
+      at::Tensor x2 = x.detach().clone().requires_grad_(true), A2 = A.detach().clone().requires_grad_(true);
+      at::Tensor W2 = W.detach().clone().requires_grad_(true);
+      const at::Tensor ref = at::einsum("ndc,nco->ndo", {at::einsum("ndk,kc->ndc", {x2, A2}), W2.index_select(0, elem)}) /
+                             std::sqrt(static_cast<double>(nE * C));
+      const auto g2 = torch::autograd::grad({(ref * gy).sum()}, {x2, A2, W2});
+      EXPECT_TRUE(at::allclose(y, ref, 1e-12, 1e-12));
+      for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(at::allclose(g[k], g2[k], 1e-12, 1e-12)) << k;
+    }
+  }
+  EXPECT_EQ(element_linear_after(at::zeros({0, 3, 4}, at::kDouble), at::ones({4, 2}, at::kDouble),
+                                 at::ones({2, 2, 5}, at::kDouble), at::zeros({0}, at::kLong)).sizes(),
+            (std::vector<int64_t>{0, 3, 5}));
+}
+
 }  // namespace
 }  // namespace crucible::mace

@@ -446,6 +446,8 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
     }
   }
   const at::Tensor hu = keep(linear_irreps(h_in, L.node, linear_up_[ts]));
+  // The inference engine (radial splines, issue 48) merges some linear maps.
+  const bool engine = chunked && embedding_.device().is_cpu() && radial_spline_enabled();
   at::Tensor agg;  // [N, mid, C]
   if (chunked) {
     // Inference path: `radial` holds the pair features; weights, tables and
@@ -483,8 +485,14 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
     for (size_t pi = 0; pi < L.tp->paths().size(); ++pi)
       if (L.tp->paths()[pi].target_term == b) cols.push_back(agg_paths[pi]);
     const at::Tensor x = cols.size() == 1 ? cols[0] : at::cat(cols, 2);  // [N, d, P·C]
-    at::Tensor y = matmul_bucketed_rows(x, linear_[ts][b] * (inv_avg / std::sqrt(static_cast<double>(x.size(2)))));
-    if (t == 0) y = mace::element_linear(keep(y), skip_[ts][b], elem);
+    const at::Tensor W = linear_[ts][b] * (inv_avg / std::sqrt(static_cast<double>(x.size(2))));
+    at::Tensor y;
+    if (t == 0 && engine) {  // the linear and the skip merged per element present (issue 48)
+      y = mace::element_linear_after(x, W.to(x.scalar_type()), keep(skip_[ts][b]), elem);
+    } else {
+      y = matmul_bucketed_rows(x, W);
+      if (t == 0) y = mace::element_linear(keep(y), skip_[ts][b], elem);
+    }
     a_parts.push_back(keep(y));
   }
   const at::Tensor A = at::cat(a_parts, 1);  // [N, D_target, C]

@@ -24,4 +24,15 @@ namespace crucible::mace {
 /// validates them). Never throws for valid shapes.
 at::Tensor element_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& elem);
 
+/// element_linear(x · A, W, elem) with the two maps merged per element
+/// present: y[n] = x[n] · (A · W[elem[n]]) / √(C · n_elem) (issue 48, the
+/// engine's merged linear maps: MACE's first-layer linear followed by its
+/// skip_tp). x [N, d, K], A [K, C], W [n_elem, C, C'] → [N, d, C']; the
+/// product over the nodes' C channels is saved (2 N d C C' FLOPs, and as
+/// many again in the reverse pass) for K C C' per element present. Always
+/// groups the nodes by element on the CPU (one GEMM per element present).
+/// Differentiable in x, A and W. Never throws for valid shapes.
+at::Tensor element_linear_after(const at::Tensor& x, const at::Tensor& A, const at::Tensor& W,
+                                const at::Tensor& elem);
+
 }  // namespace crucible::mace
