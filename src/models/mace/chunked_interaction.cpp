@@ -45,6 +45,17 @@ Layout make_layout(const ConvTensorProduct& tp, const at::Tensor& like, bool eng
   return L;
 }
 
+/// The edges' pair, receiver and sender in pair order (`order`), gathered
+/// once per pass: a chunk's are then slices (no three gathers per chunk).
+struct InOrder {
+  at::Tensor pair, receiver, sender;  // [E] int64, contiguous
+};
+
+InOrder in_order(const at::Tensor& order, const at::Tensor& edge_pair, const at::Tensor& receiver,
+                 const at::Tensor& sender) {
+  return {edge_pair.index_select(0, order), receiver.index_select(0, order), sender.index_select(0, order)};
+}
+
 /// One chunk's edges and recomputed per-edge tensors.
 struct Chunk {
   at::Tensor edges, local, recv, send;  // [Ec]
@@ -56,13 +67,13 @@ struct Chunk {
 
 Chunk make_chunk(int64_t p0, int64_t p1, const at::Tensor& feats, const at::Tensor& Y,
                  const std::vector<at::Tensor>& mlp, const RadialSpline* spline, const Layout& L,
-                 const at::Tensor& edge_pair, const at::Tensor& order, const int64_t* off, const at::Tensor& receiver,
-                 const at::Tensor& sender, int64_t num_paths, int64_t C) {
+                 const at::Tensor& order, const int64_t* off, const InOrder& edges_in_order, int64_t num_paths,
+                 int64_t C) {
   Chunk k;
   k.edges = order.slice(0, off[p0], off[p1]);
-  k.local = edge_pair.index_select(0, k.edges) - p0;
-  k.recv = receiver.index_select(0, k.edges);
-  k.send = sender.index_select(0, k.edges);
+  k.local = edges_in_order.pair.slice(0, off[p0], off[p1]) - p0;
+  k.recv = edges_in_order.receiver.slice(0, off[p0], off[p1]);
+  k.send = edges_in_order.sender.slice(0, off[p0], off[p1]);
   at::Tensor h = feats.slice(0, p0, p1);
   if (spline) h = spline->values(h.select(1, 0));  // feats holds the distances [P,1]
   for (size_t m = 0; m < (spline ? 0 : mlp.size()); ++m) {
@@ -120,11 +131,12 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
       like.push_back(at::empty({N, L.row_path[t].size(0), C}, x.options()));
     }
     const int64_t* off = pair_offsets.data_ptr<int64_t>();
+    const InOrder ordered = in_order(order, edge_pair, receiver, sender);
     const int64_t num_chunks = (P + chunk - 1) / chunk;
     std::vector<at::Tensor> agg = sum_over_chunks(num_chunks, like, [&](int64_t c, std::vector<at::Tensor>& acc) {
       const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
       if (off[p0] == off[p1]) return;  // pairs without edges (none after compact_pairs)
-      const Chunk k = make_chunk(p0, p1, feats, Y, mlp, spline, L, edge_pair, order, off, receiver, sender, NP, C);
+      const Chunk k = make_chunk(p0, p1, feats, Y, mlp, spline, L, order, off, ordered, NP, C);
       for (size_t t = 0; t < L.terms.size(); ++t) {
         edge_contraction_accumulate(EdgeSlot::kMessage, acc[t], at::Tensor(), k.w, k.T[t], xs[t], k.recv, k.send,
                                     L.row_path[t], k.local);
@@ -166,6 +178,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
     at::Tensor gY = at::zeros_like(Y);
     at::Tensor gfeats = at::zeros_like(feats);
     const int64_t* off = pair_offsets.data_ptr<int64_t>();
+    const InOrder ordered = in_order(order, edge_pair, receiver, sender);
     const int64_t num_chunks = (P + chunk - 1) / chunk;
     // No ∂/∂x where x is a constant (the first layer's embedding when the
     // weights are held fixed): a third of that layer's backward loop.
@@ -174,7 +187,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
                                                  [&](int64_t c, std::vector<at::Tensor>& acc) {
       const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
       if (off[p0] == off[p1]) return;  // pairs without edges: no gradient
-      const Chunk k = make_chunk(p0, p1, feats, Y, mlp, spline, L, edge_pair, order, off, receiver, sender, NP, C);
+      const Chunk k = make_chunk(p0, p1, feats, Y, mlp, spline, L, order, off, ordered, NP, C);
       const int64_t Ec = k.edges.size(0);
       at::Tensor gw = at::zeros_like(k.w);  // per pair: each sums its edges
       at::Tensor gYc = spline ? at::Tensor() : at::zeros_like(k.Y);
