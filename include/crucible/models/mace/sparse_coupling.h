@@ -14,9 +14,10 @@ namespace crucible::mace {
 /// rows · (2 l_in + 1)) kept by column, so that for a set of edges
 ///   T[e, j] = Σ_{k: M[k, j] ≠ 0} M[k, j] · Y[edges[e], k]
 /// reads Y's rows in place (no [E, Dsh] gather) and does only the nonzero
-/// products: at l ≤ 3, a column has 1 to 4 of the 16 harmonics, against
-/// the 16 of the dense product Y · M (Batatia et al. 2022, eq. 8, with T
-/// the Clebsch-Gordan coefficients contracted with Y).
+/// products: at l ≤ 3, a column has at most 2 of the 16 harmonics (86
+/// nonzeros in the 16 + 72 columns of 0e and 1o inputs, against 1408
+/// products of the dense Y · M; Batatia et al. 2022, eq. 8, with T the
+/// Clebsch-Gordan coefficients contracted with Y).
 /// The loops run 16 edges side by side (one vector per nonzero).
 class SparseCoupling {
  public:
