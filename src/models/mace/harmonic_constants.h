@@ -1,7 +1,7 @@
 #pragma once
-// The prefactors of the real spherical harmonics l <= 3 in component
-// normalisation (Σ_m Y_lm² = 2l + 1), shared by the reference form
-// (spherical_harmonics) and the engine's fused loop
+// The argument checks and the prefactors of the real spherical harmonics
+// l <= 3 in component normalisation (Σ_m Y_lm² = 2l + 1), shared by the
+// reference form (spherical_harmonics) and the engine's fused loop
 // (spherical_harmonics_engine). Internal to src/.
 //
 // Y_00 = k00; l = 1: k1 (y, z, x); l = 2: k2a xy, k2a yz, k2b (3z² − 1),
@@ -10,7 +10,11 @@
 // Each is the orthonormal harmonic's prefactor (e.g. Blanco, Flórez &
 // Bermejo, J. Mol. Struct. THEOCHEM 419, 19 (1997), table 1) times √(4π).
 
+#include <ATen/ATen.h>
+
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace crucible::mace::detail {
 
@@ -33,6 +37,18 @@ inline HarmonicConstants harmonic_constants() {
   k.k3c0 = 0.25 * std::sqrt(7.0 / pi) * c4pi;
   k.k3c2b = 0.25 * std::sqrt(105.0 / pi) * c4pi;
   return k;
+}
+
+/// The argument checks both forms make. @throws std::invalid_argument
+/// naming `who` unless vectors is a floating [E,3] tensor and lmax in 0..3.
+inline void check_harmonics_arguments(const char* who, const at::Tensor& vectors, int lmax) {
+  if (!vectors.defined() || vectors.dim() != 2 || vectors.size(1) != 3 ||
+      !at::isFloatingType(vectors.scalar_type())) {
+    throw std::invalid_argument(std::string(who) + ": vectors must be a floating [E,3] tensor");
+  }
+  if (lmax < 0 || lmax > 3) {
+    throw std::invalid_argument(std::string(who) + ": lmax must be in 0..3, got " + std::to_string(lmax));
+  }
 }
 
 }  // namespace crucible::mace::detail

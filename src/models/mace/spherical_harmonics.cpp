@@ -11,13 +11,7 @@
 namespace crucible::mace {
 
 at::Tensor spherical_harmonics(const at::Tensor& vectors, int lmax, bool normalize) {
-  if (!vectors.defined() || vectors.dim() != 2 || vectors.size(1) != 3 ||
-      !at::isFloatingType(vectors.scalar_type())) {
-    throw std::invalid_argument("spherical_harmonics: vectors must be a floating [E,3] tensor");
-  }
-  if (lmax < 0 || lmax > 3) {
-    throw std::invalid_argument("spherical_harmonics: lmax must be in 0..3, got " + std::to_string(lmax));
-  }
+  detail::check_harmonics_arguments("spherical_harmonics", vectors, lmax);
   at::Tensor u = vectors;
   at::Tensor positive;
   if (normalize) {

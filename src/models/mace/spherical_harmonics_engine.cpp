@@ -159,13 +159,7 @@ struct HarmonicsEngine : public Function<HarmonicsEngine> {
 }  // namespace
 
 at::Tensor spherical_harmonics_engine(const at::Tensor& vectors, int lmax, bool normalize) {
-  if (!vectors.defined() || vectors.dim() != 2 || vectors.size(1) != 3 ||
-      !at::isFloatingType(vectors.scalar_type())) {
-    throw std::invalid_argument("spherical_harmonics_engine: vectors must be a floating [E,3] tensor");
-  }
-  if (lmax < 0 || lmax > 3) {
-    throw std::invalid_argument("spherical_harmonics_engine: lmax must be in 0..3, got " + std::to_string(lmax));
-  }
+  detail::check_harmonics_arguments("spherical_harmonics_engine", vectors, lmax);
   const at::ScalarType dt = vectors.scalar_type();
   if (!vectors.device().is_cpu() || (dt != at::kFloat && dt != at::kDouble)) {
     return spherical_harmonics(vectors, lmax, normalize);
