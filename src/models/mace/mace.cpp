@@ -446,15 +446,15 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
     }
   }
   const at::Tensor hu = keep(linear_irreps(h_in, L.node, linear_up_[ts]));
-  // The inference engine (radial splines, issue 48) merges some linear maps.
+  // The inference engine (radial splines, issue 48, as atomic_energies)
+  // merges some linear maps.
   const bool engine = chunked && embedding_.device().is_cpu() && radial_spline_enabled();
   at::Tensor agg;  // [N, mid, C]
   if (chunked) {
     // Inference path: `radial` holds the pair features; weights, tables and
     // messages are made chunk by chunk (issue 19).
-    // With radial splines (issue 48), `radial` holds the pair distances.
-    const bool splined = embedding_.device().is_cpu() && radial_spline_enabled();  // as atomic_energies
-    const auto spline = splined ? radial_spline(t) : nullptr;
+    // With radial splines (the engine), `radial` holds the pair distances.
+    const auto spline = engine ? radial_spline(t) : nullptr;
     // The MLP's weights go in either way: the backward then refuses their
     // gradients (the inference path has none) instead of leaving them zero.
     agg = mace::chunked_aggregate(hu, Y, radial, radial_mlp_weights(t), *L.tp, *chunked, inference_edge_chunk(),
