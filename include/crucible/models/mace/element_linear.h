@@ -27,7 +27,8 @@ at::Tensor element_linear(const at::Tensor& x, const at::Tensor& W, const at::Te
 /// element_linear(x · A, W, elem) with the two maps merged per element
 /// present: y[n] = x[n] · (A · W[elem[n]]) / √(C · n_elem) (issue 48, the
 /// engine's merged linear maps: MACE's first-layer linear followed by its
-/// skip_tp). x [N, d, K], A [K, C], W [n_elem, C, C'] → [N, d, C']; the
+/// skip_tp). x [N, d, K], A [K, C], W [n_elem, C, C'] (one floating dtype
+/// and device), elem [N] int64 in [0, n_elem) → [N, d, C']; the
 /// product over the nodes' C channels is saved (2 N d C C' FLOPs, and as
 /// many again in the reverse pass) for K C C' per element present. Always
 /// groups the nodes by element on the CPU (one GEMM per element present).
