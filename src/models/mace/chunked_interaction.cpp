@@ -25,7 +25,7 @@ using torch::autograd::variable_list;
 struct Layout {
   std::vector<int64_t> terms;              // input terms with paths
   std::vector<at::Tensor> coupling;        // per listed term: M [Dsh, rows·d1], x's dtype
-  std::vector<SparseCoupling> sparse;      // per listed term, with a spline (the engine): M by column
+  std::vector<const SparseCoupling*> sparse;  // per listed term, with a spline (the engine): M by column
   std::vector<at::Tensor> row_path;        // per listed term: [rows] int64
   std::vector<int64_t> term_offset, term_dim;  // per listed term: rows of x
 };
@@ -37,7 +37,7 @@ Layout make_layout(const ConvTensorProduct& tp, const at::Tensor& like, bool eng
     if (!tp.term_coupling(a).defined()) continue;
     L.terms.push_back(static_cast<int64_t>(a));
     L.coupling.push_back(tp.term_coupling(a).to(like.options()));
-    if (engine) L.sparse.emplace_back(tp.term_coupling(a));
+    if (engine) L.sparse.push_back(tp.term_sparse_coupling(a));
     L.row_path.push_back(tp.term_row_path(a).to(like.device()).contiguous());
     L.term_offset.push_back(offsets[a]);
     L.term_dim.push_back(tp.in().terms()[a].irrep.dim());
@@ -91,7 +91,7 @@ Chunk make_chunk(int64_t p0, int64_t p1, const at::Tensor& feats, const at::Tens
     for (size_t t = 0; t < L.terms.size(); ++t) {
       at::Tensor T = at::empty({Ec, L.row_path[t].size(0), L.term_dim[t]}, Y.options());
       at::Tensor flat = T.view({Ec, -1});
-      L.sparse[t].tables(Y, k.edges, flat);
+      L.sparse[t]->tables(Y, k.edges, flat);
       k.T.push_back(T);
     }
     return k;
@@ -197,7 +197,7 @@ struct ChunkedAggregate : public Function<ChunkedAggregate> {
         edge_contraction_backward_accumulate(need_gx ? acc[t] : none, gw, gT, gs[t], k.w, k.T[t], xs[t], k.recv,
                                              k.send, L.row_path[t], k.local);
         if (spline) {  // the engine: straight into gY's rows
-          L.sparse[t].tables_backward(gT.view({Ec, -1}), k.edges, gY);
+          L.sparse[t]->tables_backward(gT.view({Ec, -1}), k.edges, gY);
         } else {
           gYc.addmm_(gT.view({Ec, -1}), L.coupling[t].t());  // T = Y M
         }

@@ -4,6 +4,7 @@
 #include "crucible/models/mace/tensor_product.h"
 #include "crucible/models/mace/clebsch_gordan.h"
 #include "crucible/models/mace/edge_contraction.h"
+#include "crucible/models/mace/sparse_coupling.h"
 
 #include <c10/util/Exception.h>
 
@@ -60,6 +61,7 @@ ConvTensorProduct::ConvTensorProduct(const Irreps& in, int max_ell, const Irreps
     for (size_t pi : term_paths_[a]) rows += paths_[pi].out.dim();
     if (rows == 0) {
       term_coupling_.emplace_back();
+      term_sparse_.emplace_back();
       term_row_path_.emplace_back();
       continue;
     }
@@ -75,6 +77,7 @@ ConvTensorProduct::ConvTensorProduct(const Irreps& in, int max_ell, const Irreps
       r += d3;
     }
     term_coupling_.push_back(m.reshape({Dsh, rows * d1}));
+    term_sparse_.push_back(std::make_shared<const SparseCoupling>(term_coupling_.back()));
     term_row_path_.push_back(row_path);
   }
   for (size_t a = 0; a < in.size(); ++a) {

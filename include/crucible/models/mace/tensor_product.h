@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,8 @@ struct TensorProductPath {
 /// harmonics 0..max_ell into `target` (per channel), in the order: by input
 /// term, then harmonic, then output. Feature layout everywhere: [rows, D, C]
 /// (components of all irreps of a channel along D, channels along C).
+class SparseCoupling;
+
 class ConvTensorProduct {
  public:
   /// The unit-norm coupling of l1 ⊗ l2 → l3, [2l1+1, 2l2+1, 2l3+1] float64.
@@ -57,6 +60,9 @@ class ConvTensorProduct {
   /// edge_tables' T = Y M, and its rows' paths [rows] int64; undefined if
   /// the term has no path.
   const at::Tensor& term_coupling(size_t a) const { return term_coupling_[a]; }
+  /// term_coupling(a) by its nonzeros, built once with the product (the
+  /// inference engine's tables, sparse_coupling.h); null if the term has no path.
+  const SparseCoupling* term_sparse_coupling(size_t a) const { return term_sparse_[a].get(); }
   const at::Tensor& term_row_path(size_t a) const { return term_row_path_[a]; }
 
   /// Parameter-free per-edge tables, once per structure and layer type:
@@ -95,6 +101,7 @@ class ConvTensorProduct {
   std::vector<TensorProductPath> paths_;
   std::vector<std::vector<size_t>> term_paths_;  // per input term: its paths
   std::vector<at::Tensor> term_coupling_;        // per input term: [Dsh, rows·(2l1+1)] float64
+  std::vector<std::shared_ptr<const SparseCoupling>> term_sparse_;  // per input term: term_coupling_ by nonzeros
   std::vector<at::Tensor> term_row_path_;        // per input term: [rows] path index
   std::vector<at::Tensor> term_row_local_path_;  // per input term: [rows] path index - first
   std::vector<std::pair<int64_t, int64_t>> term_path_range_;  // per input term: first path, count
