@@ -24,7 +24,7 @@ using torch::autograd::variable_list;
 /// What the forward and the backward share: the layer's static data.
 struct Layout {
   std::vector<int64_t> terms;              // input terms with paths
-  std::vector<at::Tensor> coupling;        // per listed term: M [Dsh, rows·d1], x's dtype
+  std::vector<at::Tensor> coupling;        // per listed term, without a spline: M [Dsh, rows·d1], x's dtype
   std::vector<const SparseCoupling*> sparse;  // per listed term, with a spline (the engine): M by column
   std::vector<at::Tensor> row_path;        // per listed term: [rows] int64
   std::vector<int64_t> term_offset, term_dim;  // per listed term: rows of x
@@ -36,8 +36,11 @@ Layout make_layout(const ConvTensorProduct& tp, const at::Tensor& like, bool eng
   for (size_t a = 0; a < tp.in().size(); ++a) {
     if (!tp.term_coupling(a).defined()) continue;
     L.terms.push_back(static_cast<int64_t>(a));
-    L.coupling.push_back(tp.term_coupling(a).to(like.options()));
-    if (engine) L.sparse.push_back(tp.term_sparse_coupling(a));
+    if (engine) {
+      L.sparse.push_back(tp.term_sparse_coupling(a));
+    } else {
+      L.coupling.push_back(tp.term_coupling(a).to(like.options()));
+    }
     L.row_path.push_back(tp.term_row_path(a).to(like.device()).contiguous());
     L.term_offset.push_back(offsets[a]);
     L.term_dim.push_back(tp.in().terms()[a].irrep.dim());

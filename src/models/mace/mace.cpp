@@ -344,7 +344,7 @@ std::vector<at::Tensor> MaceImpl::product_basis(int64_t t, const at::Tensor& A, 
                                                      L.bases.begin() + static_cast<long>((b + 1) * corr));
       prod.push_back(mace::symmetric_contraction_reference(A, bases, wz[b]));
     }
-  } else if (chunked && A.device().is_cpu() && radial_spline_enabled()) {
+  } else if (engine_on(chunked)) {
     // The engine (with the radial splines, issue 48): one fused loop over
     // nodes, forward and reverse (product_basis_engine.h), no monomials
     // stored and no LibTorch op per chunk.
@@ -446,9 +446,8 @@ at::Tensor MaceImpl::layer_forward(int64_t t, const at::Tensor& h_in, const at::
     }
   }
   const at::Tensor hu = keep(linear_irreps(h_in, L.node, linear_up_[ts]));
-  // The inference engine (radial splines, issue 48, as atomic_energies)
-  // merges some linear maps.
-  const bool engine = chunked && embedding_.device().is_cpu() && radial_spline_enabled();
+  // The inference engine (radial splines, issue 48) merges some linear maps.
+  const bool engine = engine_on(chunked);
   at::Tensor agg;  // [N, mid, C]
   if (chunked) {
     // Inference path: `radial` holds the pair features; weights, tables and
@@ -520,7 +519,7 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
   at::Tensor Y, edge_feats, edge_pair, pair_rep, pair;  // pair: ZBL node energies [N] (pair_repulsion)
   // Inference path with radial splines (issue 48): the pair distances stand
   // in for the pair features, and the radial MLP is not evaluated per pair.
-  const bool splined = chunked && embedding_.device().is_cpu() && radial_spline_enabled();
+  const bool splined = engine_on(chunked);
   at::Tensor pair_r;  // [P, 1] when splined
   std::vector<std::vector<at::Tensor>> tables(layers_.size());
   {

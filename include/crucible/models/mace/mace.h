@@ -256,6 +256,10 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   };
   std::shared_ptr<SplineCache> spline_cache_ = std::make_shared<SplineCache>();
   std::optional<bool> radial_spline_;
+  /// Whether a call runs the inference engine (issue 48): the chunked
+  /// inference path (`chunked`) on the CPU with radial splines on. One
+  /// condition for the harmonics, the interaction and the product basis.
+  bool engine_on(bool chunked) const { return chunked && embedding_.device().is_cpu() && radial_spline_enabled(); }
   std::shared_ptr<std::mutex> file_tables_mutex_ = std::make_shared<std::mutex>();
 };
 TORCH_MODULE(Mace);

@@ -31,12 +31,12 @@ struct TensorProductPath {
   at::Tensor coupling;
 };
 
+class SparseCoupling;
+
 /// The paths of node irreps `in` (per channel, multiplicity 1 each) with
 /// harmonics 0..max_ell into `target` (per channel), in the order: by input
 /// term, then harmonic, then output. Feature layout everywhere: [rows, D, C]
 /// (components of all irreps of a channel along D, channels along C).
-class SparseCoupling;
-
 class ConvTensorProduct {
  public:
   /// The unit-norm coupling of l1 ⊗ l2 → l3, [2l1+1, 2l2+1, 2l3+1] float64.
