@@ -355,20 +355,14 @@ TEST(FastPath, ReverseEdgePairsPairEachEdgeWithItsReverse) {
   for (int64_t p = 0; p < 3; ++p) EXPECT_EQ(edge_pair[rep[p].item<int64_t>()].item<int64_t>(), p);
 }
 
-TEST(FastPath, ReverseEdgePairsMatchABruteForcePairingOnShuffledPeriodicEdges) {
-  // A small periodic cell (self-image edges, several images per pair), its
-  // edges shuffled so that they are not grouped by center atom.
-  const Batch b = make_batch({random_periodic(7, {22, 13}, 11)}, 4.0);
-  const int64_t E = b.num_edges();
-  ASSERT_GT(E, 50);
-  at::manual_seed(5);
-  const at::Tensor perm = at::randperm(E, at::kLong);
-  const at::Tensor ei = b.edge_index.index_select(1, perm).contiguous();
-  const at::Tensor sh = b.shifts.index_select(0, perm).to(at::kDouble).contiguous();
+/// Checks reverse_edge_pairs(ei, sh) against an O(E^2) search for each
+/// edge's reverse (j, i, -S): each pair's representative is its first edge.
+void expect_brute_force_pairing(const at::Tensor& ei, const at::Tensor& sh) {
+  const int64_t E = ei.size(1);
   auto [edge_pair, rep] = reverse_edge_pairs(ei, sh);
-  // Oracle: O(E^2) search for each edge's reverse (j, i, -S).
   const auto a = ei.accessor<int64_t, 2>();
-  const auto s = sh.accessor<double, 2>();
+  const at::Tensor shd = sh.to(at::kDouble);
+  const auto s = shd.accessor<double, 2>();
   std::vector<int64_t> reverse(static_cast<size_t>(E), -1);
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t k = 0; k < E; ++k) {
@@ -391,6 +385,42 @@ TEST(FastPath, ReverseEdgePairsMatchABruteForcePairingOnShuffledPeriodicEdges) {
   // Representatives in increasing edge order, each its own pair.
   for (int64_t p = 0; p + 1 < rep.size(0); ++p) EXPECT_LT(rep[p].item<int64_t>(), rep[p + 1].item<int64_t>());
   for (int64_t p = 0; p < rep.size(0); ++p) EXPECT_EQ(edge_pair[rep[p].item<int64_t>()].item<int64_t>(), p);
+}
+
+TEST(FastPath, ReverseEdgePairsMatchABruteForcePairingOnSortedPeriodicEdges) {
+  // Crucible's own list: sorted by source, each source's destinations
+  // ascending (the bisection search), several images of one pair with
+  // equal destinations, shifts as int64 and as floats.
+  const Batch b = make_batch({random_periodic(7, {22, 13}, 11)}, 4.0);
+  const at::Tensor ei = b.edge_index.contiguous();
+  const int64_t E = ei.size(1);
+  ASSERT_GT(E, 50);
+  const at::Tensor src = ei[0], dst = ei[1];
+  ASSERT_TRUE(at::equal(src, std::get<0>(src.sort())));
+  ASSERT_LT((dst.slice(0, 1) < dst.slice(0, 0, E - 1)).logical_and(src.slice(0, 1) == src.slice(0, 0, E - 1))
+                .sum()
+                .item<int64_t>(),
+            1);
+  // Several edges of one source share a destination (images of one pair).
+  ASSERT_GT(((dst.slice(0, 1) == dst.slice(0, 0, E - 1)) & (src.slice(0, 1) == src.slice(0, 0, E - 1)))
+                .sum()
+                .item<int64_t>(),
+            0);
+  expect_brute_force_pairing(ei, b.shifts.to(at::kLong));
+  expect_brute_force_pairing(ei, b.shifts.to(at::kFloat));
+}
+
+TEST(FastPath, ReverseEdgePairsMatchABruteForcePairingOnShuffledPeriodicEdges) {
+  // A small periodic cell (self-image edges, several images per pair), its
+  // edges shuffled so that they are not grouped by center atom.
+  const Batch b = make_batch({random_periodic(7, {22, 13}, 11)}, 4.0);
+  const int64_t E = b.num_edges();
+  ASSERT_GT(E, 50);
+  at::manual_seed(5);
+  const at::Tensor perm = at::randperm(E, at::kLong);
+  const at::Tensor ei = b.edge_index.index_select(1, perm).contiguous();
+  const at::Tensor sh = b.shifts.index_select(0, perm).to(at::kDouble).contiguous();
+  expect_brute_force_pairing(ei, sh);
 
   // A duplicated edge cannot pair twice: every edge still maps to a
   // representative at its own distance (itself or its reverse).

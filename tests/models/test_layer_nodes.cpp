@@ -113,5 +113,18 @@ TEST(LayerNodes, PadNodesAddsZeroRows) {
   EXPECT_TRUE(at::equal(pad_nodes(x, 3), x));
 }
 
+TEST(LayerNodes, CompactPairsEqualsTorchUniqueOverTheLeadingEdges) {
+  // Oracle: at::_unique (sorted, with inverse) of the first `edges` entries.
+  at::manual_seed(3);
+  const at::Tensor edge_pair = at::randint(0, 40, {200}, at::kLong);
+  for (const int64_t edges : {int64_t{200}, int64_t{77}, int64_t{1}, int64_t{0}}) {
+    const auto [used, local] = compact_pairs(edge_pair, edges);
+    const auto [want_used, want_local] = at::_unique(edge_pair.slice(0, 0, edges), true, true);
+    EXPECT_TRUE(at::equal(used, want_used)) << edges;
+    EXPECT_TRUE(at::equal(local, want_local.to(at::kLong))) << edges;
+  }
+  EXPECT_THROW(compact_pairs(at::tensor({0, -1}, at::kLong), 2), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace crucible

@@ -33,7 +33,9 @@ std::vector<LayerExtent> layer_extents(const Batch& batch, int64_t num_layers);
 /// The distance pairs (reverse_edge_pairs' edge_pair [E] int64) that the
 /// first `edges` edges use, so a layer on fewer edges evaluates its radial
 /// network on those pairs only: returns (used [P'] int64, ascending; the
-/// first `edges` edges' pair indices into `used` [edges] int64).
+/// first `edges` edges' pair indices into `used` [edges] int64), on
+/// edge_pair's device; O(edges + P) on the CPU.
+/// @throws std::invalid_argument on a negative pair index.
 std::pair<at::Tensor, at::Tensor> compact_pairs(const at::Tensor& edge_pair, int64_t edges);
 
 /// The inference path's pair grouping of one layer, kept across layers

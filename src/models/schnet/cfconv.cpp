@@ -8,10 +8,12 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -343,36 +345,45 @@ at::Tensor edge_product_pairs(const at::Tensor& a, const at::Tensor& b, const at
   return EdgeProduct::apply(a.to(dtype), b.to(dtype), left, right, edge_pair, true, num_pairs);
 }
 
-std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_index,
-                                                     const at::Tensor& shifts) {
-  TORCH_CHECK(edge_index.dim() == 2 && edge_index.size(0) == 2 && shifts.dim() == 2 &&
-                  shifts.size(1) == 3 && shifts.size(0) == edge_index.size(1),
-              "reverse_edge_pairs: edge_index [2,E] and shifts [E,3] expected");
-  const at::Tensor ei = edge_index.to(at::kCPU, at::kLong).contiguous();
-  const at::Tensor sh = shifts.to(at::kCPU, at::kDouble).round().to(at::kLong).contiguous();
-  const int64_t E = ei.size(1);
-  const int64_t* src = ei.data_ptr<int64_t>();
-  const int64_t* dst = src + E;
-  const int64_t* s = sh.data_ptr<int64_t>();
-  int64_t n = 0;
-  for (int64_t e = 0; e < 2 * E; ++e) {
-    TORCH_CHECK(src[e] >= 0, "reverse_edge_pairs: edge_index must be >= 0, got ", src[e]);
-    n = std::max(n, src[e] + 1);
-  }
-  // Edges grouped by source atom: the reverse of (i, j, S) is among j's edges.
-  const KeyGroups by_source = counting_sort(src, E, n);
-  const std::vector<int64_t>& offsets = by_source.offsets;
-  const std::vector<int64_t>& order = by_source.order;
-  // reverse[e]: the first edge (j, i, -S) of edge e = (i, j, S), or e itself.
-  std::vector<int64_t> reverse(static_cast<size_t>(E));
+namespace {
+
+/// reverse[e]: the first edge (j, i, -S) of edge e = (i, j, S) in the order
+/// of `group` (edges by source atom, offsets [n+1]; `order` empty = the
+/// edges' own order), or e itself. `shift(k, c)` is edge k's integer shift
+/// along c. With every group's destinations ascending (`ascending`), the
+/// search starts at the first destination i (binary search) and ends after
+/// the last: the same edge as the linear scan, in O(log neighbors).
+template <typename Shift>
+void find_reverse(const int64_t* src, const int64_t* dst, int64_t E, const std::vector<int64_t>& offsets,
+                  const std::vector<int64_t>& order, bool ascending, const Shift& shift,
+                  std::vector<int64_t>& reverse) {
+  const bool identity = order.empty();
+  auto edge_at = [&](int64_t q) { return identity ? q : order[static_cast<size_t>(q)]; };
   at::parallel_for(0, E, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e) {
       int64_t found = e;
-      const int64_t* se = s + 3 * e;
-      for (int64_t q = offsets[static_cast<size_t>(dst[e])]; q < offsets[static_cast<size_t>(dst[e] + 1)]; ++q) {
-        const int64_t k = order[static_cast<size_t>(q)];
-        const int64_t* sk = s + 3 * k;
-        if (k != e && dst[k] == src[e] && sk[0] == -se[0] && sk[1] == -se[1] && sk[2] == -se[2]) {
+      int64_t q = offsets[static_cast<size_t>(dst[e])];
+      const int64_t last = offsets[static_cast<size_t>(dst[e] + 1)];
+      if (ascending) {
+        int64_t count = last - q;  // lower bound of src[e] among the group's destinations
+        while (count > 0) {
+          const int64_t half = count / 2;
+          if (dst[edge_at(q + half)] < src[e]) {
+            q += half + 1;
+            count -= half + 1;
+          } else {
+            count = half;
+          }
+        }
+      }
+      const int64_t s0 = shift(e, 0), s1 = shift(e, 1), s2 = shift(e, 2);
+      for (; q < last; ++q) {
+        const int64_t k = edge_at(q);
+        if (dst[k] != src[e]) {
+          if (ascending) break;
+          continue;
+        }
+        if (k != e && shift(k, 0) == -s0 && shift(k, 1) == -s1 && shift(k, 2) == -s2) {
           found = k;
           break;
         }
@@ -380,6 +391,64 @@ std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_inde
       reverse[static_cast<size_t>(e)] = found;
     }
   });
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_index,
+                                                     const at::Tensor& shifts) {
+  TORCH_CHECK(edge_index.dim() == 2 && edge_index.size(0) == 2 && shifts.dim() == 2 &&
+                  shifts.size(1) == 3 && shifts.size(0) == edge_index.size(1),
+              "reverse_edge_pairs: edge_index [2,E] and shifts [E,3] expected");
+  const at::Tensor ei = edge_index.to(at::kCPU, at::kLong).contiguous();
+  const int64_t E = ei.size(1);
+  const int64_t* src = ei.data_ptr<int64_t>();
+  const int64_t* dst = src + E;
+  int64_t n = 0;
+  for (int64_t e = 0; e < 2 * E; ++e) {
+    TORCH_CHECK(src[e] >= 0, "reverse_edge_pairs: edge_index must be >= 0, got ", src[e]);
+    n = std::max(n, src[e] + 1);
+  }
+  // Edges grouped by source atom: the reverse of (i, j, S) is among j's
+  // edges. Crucible's lists and the KIM cluster's come sorted by source,
+  // each source's destinations ascending: the groups are then the edges'
+  // own order, searched by bisection.
+  std::vector<int64_t> offsets, order;
+  if (std::is_sorted(src, src + E)) {
+    offsets.assign(static_cast<size_t>(n + 1), 0);
+    for (int64_t e = 0; e < E; ++e) ++offsets[static_cast<size_t>(src[e] + 1)];
+    for (int64_t a = 0; a < n; ++a) offsets[static_cast<size_t>(a + 1)] += offsets[static_cast<size_t>(a)];
+  } else {
+    KeyGroups by_source = counting_sort(src, E, n);
+    offsets = std::move(by_source.offsets);
+    order = std::move(by_source.order);
+  }
+  bool ascending = true;
+  for (int64_t a = 0; a < n && ascending; ++a) {
+    for (int64_t q = offsets[static_cast<size_t>(a)] + 1; q < offsets[static_cast<size_t>(a + 1)]; ++q) {
+      const int64_t prev = order.empty() ? q - 1 : order[static_cast<size_t>(q - 1)];
+      const int64_t cur = order.empty() ? q : order[static_cast<size_t>(q)];
+      if (dst[cur] < dst[prev]) {
+        ascending = false;
+        break;
+      }
+    }
+  }
+  std::vector<int64_t> reverse(static_cast<size_t>(E));
+  // Integer shifts read in place (rounded where they are floating point,
+  // as at::round: they are integer-valued).
+  const at::Tensor sh = shifts.detach().to(at::kCPU).contiguous();
+  if (sh.scalar_type() == at::kLong) {
+    const int64_t* s = sh.data_ptr<int64_t>();
+    find_reverse(src, dst, E, offsets, order, ascending, [s](int64_t k, int c) { return s[3 * k + c]; }, reverse);
+  } else {
+    const at::Tensor sd = sh.scalar_type() == at::kDouble || sh.scalar_type() == at::kFloat ? sh : sh.to(at::kDouble);
+    AT_DISPATCH_FLOATING_TYPES(sd.scalar_type(), "reverse_edge_pairs", [&] {
+      const scalar_t* s = sd.data_ptr<scalar_t>();
+      find_reverse(src, dst, E, offsets, order, ascending,
+                   [s](int64_t k, int c) { return static_cast<int64_t>(std::nearbyint(s[3 * k + c])); }, reverse);
+    });
+  }
   // A pair is two edges that are each other's reverse (a duplicated edge
   // stays alone); its representative is its first edge, pairs numbered in
   // the order of their representatives.
