@@ -348,39 +348,39 @@ at::Tensor edge_product_pairs(const at::Tensor& a, const at::Tensor& b, const at
 namespace {
 
 /// reverse[e]: the first edge (j, i, -S) of edge e = (i, j, S) in the order
-/// of `group` (edges by source atom, offsets [n+1]; `order` empty = the
+/// of the groups (edges by source atom, offsets [n+1]; `order` empty = the
 /// edges' own order), or e itself. `shift(k, c)` is edge k's integer shift
-/// along c. With every group's destinations ascending (`ascending`), the
-/// search starts at the first destination i (binary search) and ends after
-/// the last: the same edge as the linear scan, in O(log neighbors).
+/// along c. Where the groups are the edges' own order and each one's
+/// destinations ascend (`ascending`), the search starts at the group's
+/// first destination i (a branch-free bisection) and ends after its last:
+/// the same edge as the scan, in O(log neighbors).
 template <typename Shift>
 void find_reverse(const int64_t* src, const int64_t* dst, int64_t E, const std::vector<int64_t>& offsets,
                   const std::vector<int64_t>& order, bool ascending, const Shift& shift,
                   std::vector<int64_t>& reverse) {
   const bool identity = order.empty();
+  const bool bisect = identity && ascending;
   auto edge_at = [&](int64_t q) { return identity ? q : order[static_cast<size_t>(q)]; };
   at::parallel_for(0, E, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e) {
       int64_t found = e;
       int64_t q = offsets[static_cast<size_t>(dst[e])];
       const int64_t last = offsets[static_cast<size_t>(dst[e] + 1)];
-      if (ascending) {
-        int64_t count = last - q;  // lower bound of src[e] among the group's destinations
-        while (count > 0) {
-          const int64_t half = count / 2;
-          if (dst[edge_at(q + half)] < src[e]) {
-            q += half + 1;
-            count -= half + 1;
-          } else {
-            count = half;
-          }
+      const int64_t key = src[e];
+      if (bisect && last > q) {  // lower bound of key in dst[q, last)
+        const int64_t* base = dst + q;
+        for (int64_t len = last - q; len > 1;) {
+          const int64_t half = len / 2;
+          base = base[half - 1] < key ? base + half : base;
+          len -= half;
         }
+        q = (base - dst) + (*base < key ? 1 : 0);
       }
       const int64_t s0 = shift(e, 0), s1 = shift(e, 1), s2 = shift(e, 2);
       for (; q < last; ++q) {
         const int64_t k = edge_at(q);
-        if (dst[k] != src[e]) {
-          if (ascending) break;
+        if (dst[k] != key) {
+          if (bisect) break;
           continue;
         }
         if (k != e && shift(k, 0) == -s0 && shift(k, 1) == -s1 && shift(k, 2) == -s2) {
@@ -423,31 +423,19 @@ std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_inde
     offsets = std::move(by_source.offsets);
     order = std::move(by_source.order);
   }
-  bool ascending = true;
-  for (int64_t a = 0; a < n && ascending; ++a) {
-    for (int64_t q = offsets[static_cast<size_t>(a)] + 1; q < offsets[static_cast<size_t>(a + 1)]; ++q) {
-      const int64_t prev = order.empty() ? q - 1 : order[static_cast<size_t>(q - 1)];
-      const int64_t cur = order.empty() ? q : order[static_cast<size_t>(q)];
-      if (dst[cur] < dst[prev]) {
-        ascending = false;
-        break;
-      }
-    }
-  }
+  bool ascending = order.empty();  // each source's destinations ascending (bisection)
+  for (int64_t e = 1; e < E && ascending; ++e) ascending = src[e] != src[e - 1] || dst[e] >= dst[e - 1];
   std::vector<int64_t> reverse(static_cast<size_t>(E));
-  // Integer shifts read in place (rounded where they are floating point,
-  // as at::round: they are integer-valued).
-  const at::Tensor sh = shifts.detach().to(at::kCPU).contiguous();
-  if (sh.scalar_type() == at::kLong) {
-    const int64_t* s = sh.data_ptr<int64_t>();
+  // Zero shifts (a cluster: KIM's, whose edge-gradient leaf is float)
+  // compare equal by construction; others as int64 (rounded where they are
+  // floating point, as at::round: they are integer-valued).
+  const at::Tensor sh = shifts.detach().to(at::kCPU);
+  if (!at::is_floating_point(sh) || sh.ne(0).any().item<bool>()) {
+    const at::Tensor s64 = sh.scalar_type() == at::kLong ? sh.contiguous() : sh.round().to(at::kLong).contiguous();
+    const int64_t* s = s64.data_ptr<int64_t>();
     find_reverse(src, dst, E, offsets, order, ascending, [s](int64_t k, int c) { return s[3 * k + c]; }, reverse);
   } else {
-    const at::Tensor sd = sh.scalar_type() == at::kDouble || sh.scalar_type() == at::kFloat ? sh : sh.to(at::kDouble);
-    AT_DISPATCH_FLOATING_TYPES(sd.scalar_type(), "reverse_edge_pairs", [&] {
-      const scalar_t* s = sd.data_ptr<scalar_t>();
-      find_reverse(src, dst, E, offsets, order, ascending,
-                   [s](int64_t k, int c) { return static_cast<int64_t>(std::nearbyint(s[3 * k + c])); }, reverse);
-    });
+    find_reverse(src, dst, E, offsets, order, ascending, [](int64_t, int) { return int64_t{0}; }, reverse);
   }
   // A pair is two edges that are each other's reverse (a duplicated edge
   // stays alone); its representative is its first edge, pairs numbered in
