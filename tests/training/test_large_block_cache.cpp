@@ -84,6 +84,39 @@ TEST(LargeBlockCache, ReusesAFreedLargeBlockAndServesEveryOtherRequest) {
   EXPECT_EQ(z[2047][2047].item<float>(), 8.0f);
 }
 
+TEST(LargeBlockCache, AFreedMediumBlockIsHandedOutAgainForItsSizeClass) {
+  install_large_block_cache();
+  void* first = nullptr;
+  {
+    at::Tensor a = at::empty({1024, 64}, at::kFloat);  // 256 KiB: an edge chunk's [1024, 64]
+    first = a.data_ptr();
+    a.fill_(3.0);
+  }
+  at::Tensor b = at::zeros({1024, 64}, at::kFloat);  // same class: the same block, zeroed
+  EXPECT_EQ(b.data_ptr(), first);
+  EXPECT_EQ(b.abs().sum().item<double>(), 0.0);
+  at::Tensor c = at::empty({1023, 64}, at::kFloat);  // 255.75 KiB: the same class, while b holds that block
+  EXPECT_NE(c.data_ptr(), first);
+  c.fill_(1.0);
+  EXPECT_EQ(c.sum().item<double>(), 1023.0 * 64.0);
+  void* second = c.data_ptr();
+  c = at::Tensor();
+  at::Tensor d = at::empty({1021, 64}, at::kFloat);  // 255.25 KiB: also that class
+  EXPECT_EQ(d.data_ptr(), second);
+  at::Tensor e = at::empty({2048, 64}, at::kFloat);  // another class: not b's or d's
+  EXPECT_NE(e.data_ptr(), first);
+  EXPECT_NE(e.data_ptr(), second);
+  // The raw interface (oneDNN) takes and returns medium blocks too.
+  c10::Allocator* alloc = c10::GetCPUAllocator();
+  void* p = alloc->raw_allocate(size_t{100} << 10);
+  ASSERT_NE(p, nullptr);
+  static_cast<char*>(p)[(size_t{100} << 10) - 1] = 7;
+  alloc->raw_deallocate(p);
+  EXPECT_EQ(alloc->raw_allocate(size_t{100} << 10), p);
+  alloc->raw_deallocate(p);
+  empty_large_block_cache();  // frees the idle medium blocks (no crash, no double free)
+}
+
 // VmFlags of the /proc/self/smaps mapping that holds `address` ("" if none).
 std::string vm_flags_of(const void* address) {
   const auto a = reinterpret_cast<uintptr_t>(address);
