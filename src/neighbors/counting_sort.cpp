@@ -1,6 +1,7 @@
 // Stable counting sort. See include/crucible/neighbors/counting_sort.h.
 
 #include "crucible/neighbors/counting_sort.h"
+#include "../simd_clones.h"
 
 #include <stdexcept>
 #include <string>
@@ -27,6 +28,16 @@ KeyGroups counting_sort(const int64_t* keys, int64_t n, int64_t num_keys) {
     if (k >= 0) g.order[static_cast<size_t>(next[static_cast<size_t>(k)]++)] = i;
   }
   return g;
+}
+
+CRUCIBLE_SIMD_CLONES void rank_sort(const int32_t* in, int64_t k, int32_t* out) {
+  for (int64_t i = 0; i < k; ++i) {
+    const int32_t a = in[i];
+    int32_t rank = 0;
+    for (int64_t j = 0; j < i; ++j) rank += in[j] <= a ? 1 : 0;
+    for (int64_t j = i; j < k; ++j) rank += in[j] < a ? 1 : 0;
+    out[rank] = a;
+  }
 }
 
 }  // namespace crucible

@@ -1,4 +1,5 @@
-// counting_sort against std::stable_sort of the kept items by key.
+// counting_sort against std::stable_sort of the kept items by key;
+// rank_sort against std::sort.
 
 #include "crucible/neighbors/counting_sort.h"
 
@@ -48,6 +49,22 @@ TEST(CountingSort, EmptyInputAndKeyOutOfRange) {
     FAIL() << "a key of 3 with 3 keys must throw";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("item 1 has key 3"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RankSort, MatchesStdSortWithDuplicatesAtEveryLengthUpToTheLimit) {
+  std::mt19937 rng(11);
+  for (int64_t k = 0; k <= kRankSortMaxItems; k += (k < 40 ? 1 : 23)) {
+    // Narrow ranges give duplicates; wide ones a neighbor list's spread.
+    for (const int32_t range : {3, 1000, 2000000000}) {
+      std::uniform_int_distribution<int32_t> value(-range / 2, range / 2);
+      std::vector<int32_t> in(static_cast<size_t>(k)), out(static_cast<size_t>(k), -7);
+      for (auto& v : in) v = value(rng);
+      rank_sort(in.data(), k, out.data());
+      std::vector<int32_t> want = in;
+      std::sort(want.begin(), want.end());
+      EXPECT_EQ(out, want) << "k " << k << " range " << range;
+    }
   }
 }
 

@@ -25,4 +25,15 @@ struct KeyGroups {
 ///         and the key.
 KeyGroups counting_sort(const int64_t* keys, int64_t n, int64_t num_keys);
 
+/// The longest input rank_sort is meant for (k² compares).
+constexpr int64_t kRankSortMaxItems = 256;
+
+/// out[0, k) = in[0, k) in ascending order (a neighbor list's indices):
+/// each value goes to its rank, the count of the values below it plus the
+/// equal ones before it. k² compares without a branch, vectorised (AVX2 /
+/// AVX-512 clones): for tens of values 2-3x faster than std::sort, whose
+/// compares mispredict on unsorted input. `in` and `out` must not overlap.
+/// Never throws.
+void rank_sort(const int32_t* in, int64_t k, int32_t* out);
+
 }  // namespace crucible
