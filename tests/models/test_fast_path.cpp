@@ -395,7 +395,7 @@ void expect_brute_force_pairing(const at::Tensor& ei, const at::Tensor& sh) {
 
 TEST(FastPath, ReverseEdgePairsMatchABruteForcePairingOnSortedPeriodicEdges) {
   // Crucible's own list: sorted by source, each source's destinations
-  // ascending (the bisection search), several images of one pair with
+  // ascending (the cursor search), several images of one pair with
   // equal destinations, shifts as int64 and as floats.
   const Batch b = make_batch({random_periodic(7, {22, 13}, 11)}, 4.0);
   const at::Tensor ei = b.edge_index.contiguous();
@@ -417,6 +417,27 @@ TEST(FastPath, ReverseEdgePairsMatchABruteForcePairingOnSortedPeriodicEdges) {
   // Zero float shifts (the KIM cluster's edge-gradient leaf): the images
   // become duplicated edges, each reverse the first of its run.
   expect_brute_force_pairing(ei, at::zeros({E, 3}, at::kFloat));
+}
+
+TEST(FastPath, ReverseEdgePairsAreTheSameOnOneAndTwoThreads) {
+  // Enough edges (> 2 x 4096: 7 atoms and their images within 15 Å) that
+  // two threads each walk their own range with their own cursors, the
+  // second starting mid-group.
+  const Batch b = make_batch({random_periodic(7, {22, 13}, 11)}, 15.0);
+  ASSERT_GT(b.num_edges(), 9000);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto [pair1, rep1] = reverse_edge_pairs(b.edge_index, b.shifts);
+  const auto [zpair1, zrep1] = reverse_edge_pairs(b.edge_index, at::zeros({b.num_edges(), 3}, at::kFloat));
+  at::set_num_threads(2);
+  const auto [pair2, rep2] = reverse_edge_pairs(b.edge_index, b.shifts);
+  const auto [zpair2, zrep2] = reverse_edge_pairs(b.edge_index, at::zeros({b.num_edges(), 3}, at::kFloat));
+  at::set_num_threads(threads);
+  EXPECT_TRUE(at::equal(pair1, pair2));
+  EXPECT_TRUE(at::equal(rep1, rep2));
+  EXPECT_TRUE(at::equal(zpair1, zpair2));
+  EXPECT_TRUE(at::equal(zrep1, zrep2));
+  EXPECT_LT(rep1.size(0), b.num_edges() * 6 / 10);  // most edges found their reverse
 }
 
 TEST(FastPath, ReverseEdgePairsMatchABruteForcePairingOnShuffledPeriodicEdges) {

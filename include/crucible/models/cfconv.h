@@ -54,10 +54,11 @@ at::Tensor edge_product_pairs(const at::Tensor& a, const at::Tensor& b, const at
 /// increasing), int64 on the input's device; an edge without its reverse
 /// (or a duplicated edge) is a pair alone. Computed on the CPU: edges
 /// grouped by source atom, each edge's reverse searched among its
-/// receiver's edges on at::parallel_for's threads: by bisection,
-/// O(E · log neighbors), where every group's destinations ascend (the
-/// edges of Crucible's lists and of the KIM cluster, sorted by source),
-/// else a scan, O(E · neighbors). Floating-point shifts are rounded.
+/// receiver's edges on at::parallel_for's threads: by a cursor per group
+/// that only moves forward, O(E), where the edges are sorted by source and
+/// every group's destinations ascend (Crucible's lists and the KIM
+/// cluster's), else by a scan, O(E · neighbors). Floating-point shifts are
+/// rounded.
 /// @throws c10::Error on bad shapes or a negative index.
 std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_index,
                                                      const at::Tensor& shifts);
