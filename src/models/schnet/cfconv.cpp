@@ -422,7 +422,7 @@ std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_inde
   // Edges grouped by source atom: the reverse of (i, j, S) is among j's
   // edges. Crucible's lists and the KIM cluster's come sorted by source,
   // each source's destinations ascending: the groups are then the edges'
-  // own order, searched by bisection.
+  // own order, searched by a forward-only cursor (find_reverse).
   std::vector<int64_t> offsets, order;
   if (std::is_sorted(src, src + E)) {
     offsets.assign(static_cast<size_t>(n + 1), 0);
@@ -433,7 +433,7 @@ std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_inde
     offsets = std::move(by_source.offsets);
     order = std::move(by_source.order);
   }
-  bool ascending = order.empty();  // each source's destinations ascending (bisection)
+  bool ascending = order.empty();  // each source's destinations ascending (the cursor search)
   for (int64_t e = 1; e < E && ascending; ++e) ascending = src[e] != src[e - 1] || dst[e] >= dst[e - 1];
   std::vector<int64_t> reverse(static_cast<size_t>(E));
   // Zero shifts (a cluster: KIM's, whose edge-gradient leaf is float)
@@ -441,7 +441,8 @@ std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_inde
   // floating point, as at::round: they are integer-valued).
   const at::Tensor sh = shifts.detach().to(at::kCPU);
   if (!at::is_floating_point(sh) || sh.ne(0).any().item<bool>()) {
-    const at::Tensor s64 = sh.scalar_type() == at::kLong ? sh.contiguous() : sh.round().to(at::kLong).contiguous();
+    const at::Tensor s64 =
+        sh.scalar_type() == at::kLong ? sh.contiguous() : sh.to(at::kDouble).round().to(at::kLong).contiguous();
     const int64_t* s = s64.data_ptr<int64_t>();
     find_reverse(src, dst, E, offsets, order, ascending, [s](int64_t k, int c) { return s[3 * k + c]; }, reverse);
   } else {
