@@ -35,9 +35,10 @@
 // faults_per_call and kernel_share: minor page faults and the kernel's share
 // of a timed call; fresh_mb_per_call and moved_mb_per_call: the large block
 // cache's newly mapped MiB and idle MiB moved into new blocks per timed call.
-// --engine-rounds K (MACE): K more rounds of one call through the inference
-// engine (radial splines) and one through the exact path, alternating, as an
-// "engine_side_by_side" line (median speedup and range; issue 48).
+// --engine-rounds K: K more rounds of one call through the inference engine
+// (MACE: radial splines and fused kernels; SchNet: filter splines) and one
+// through the exact path, alternating, as an "engine_side_by_side" line
+// (median speedup and range; issue 48).
 // --mace-size medium: 128x0e+128x1o, max_ell 3, correlation 3, 2 interactions,
 // 89 elements (MACE-MP-0 medium's size), random weights; small: the default.
 // --cluster-rounds K: K more rounds of one C++ API call and one
@@ -368,7 +369,7 @@ int main(int argc, char** argv) {
     const double edges_per_atom = static_cast<double>(batch.num_edges()) / static_cast<double>(n);
     double hand_flops = std::nan("");
     if (const auto* m = dynamic_cast<const MaceImpl*>(model.get())) hand_flops = bench::mace_engine_flops_per_atom(m->options(), edges_per_atom);
-    if (const auto* m = dynamic_cast<const SchNetImpl*>(model.get())) hand_flops = bench::schnet_flops_per_atom(m->options(), edges_per_atom);
+    if (const auto* m = dynamic_cast<const SchNetImpl*>(model.get())) hand_flops = bench::schnet_flops_per_atom(m->options(), edges_per_atom, m->filter_spline_enabled());
     std::printf("model=%s dtype=%s path=%s order=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f "
                 "peak_kb_per_atom=%.2f faults_per_call=%.0f kernel_share=%.3f fresh_mb_per_call=%.0f moved_mb_per_call=%.0f "
                 "profiled_gflop=%.3f achieved_gflops=%.2f hand_flops_per_atom=%.0f\n",
@@ -393,12 +394,18 @@ int main(int argc, char** argv) {
                   *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
       std::fflush(stdout);
     }
-    if (engine_rounds > 0 && model_name == "mace") {
-      // Issue 48: the inference engine (radial splines, ...) against the
-      // exact path of the same model, alternating call by call.
-      auto& mace = dynamic_cast<MaceImpl&>(*model);
+    if (engine_rounds > 0 && (model_name == "mace" || model_name == "schnet")) {
+      // Issue 48: the inference engine (MACE's radial splines, fused
+      // kernels; SchNet's filter splines) against the exact path of the
+      // same model, alternating call by call.
+      auto* mace = dynamic_cast<MaceImpl*>(model.get());
+      auto* schnet = dynamic_cast<SchNetImpl*>(model.get());
+      auto set_engine = [&](bool on) {
+        if (mace) mace->set_radial_spline(on);
+        if (schnet) schnet->set_filter_spline(on);
+      };
       auto timed = [&](bool engine) {
-        mace.set_radial_spline(engine);
+        set_engine(engine);
         const auto t0 = std::chrono::steady_clock::now();
         evaluate();
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -406,10 +413,11 @@ int main(int argc, char** argv) {
       timed(true);  // the tables are built on the first engine call
       std::vector<double> eng, ref, ratio;
       alternate(engine_rounds, [&] { return timed(true); }, [&] { return timed(false); }, eng, ref, ratio);
-      mace.set_radial_spline(true);
-      std::printf("engine_side_by_side model=mace_%s path=%s atoms=%lld rounds=%d threads=%d us_per_atom_engine=%.2f "
+      set_engine(true);
+      const std::string label = mace ? "mace_" + mace_size : "schnet";
+      std::printf("engine_side_by_side model=%s path=%s atoms=%lld rounds=%d threads=%d us_per_atom_engine=%.2f "
                   "us_per_atom_exact=%.2f speedup_median=%.3f speedup_min=%.3f speedup_max=%.3f hand_flops_per_atom=%.0f\n",
-                  mace_size.c_str(), path.c_str(), static_cast<long long>(n), engine_rounds, threads,
+                  label.c_str(), path.c_str(), static_cast<long long>(n), engine_rounds, threads,
                   1e6 * median(eng) / n, 1e6 * median(ref) / n, median(ratio),
                   *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()), hand_flops);
       std::fflush(stdout);

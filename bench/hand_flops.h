@@ -98,16 +98,18 @@ inline double mace_engine_flops_per_atom(const MaceOptions& o, double edges_per_
 
 /// SchNet's inference call per atom (F hidden, Fi filters, G Gaussians, T
 /// interactions; Schütt et al. 2018): per distance pair and interaction the
-/// filter network Dense(G → Fi) · ssp · Dense(Fi → Fi) three times (3 ·
-/// (2 G Fi + 2 Fi² + 12 Fi): the forward, its recomputation in the
-/// backward, and the reverse pass to r), per edge the cfconv product and
-/// its reverse (2 Fi + 4 Fi), per atom the dense maps in2f,
-/// f2out (Fi → F, ssp, F → F) and the readout F → F/2 → 1, each twice
+/// filter W(r), three times (the forward, its recomputation in the
+/// backward, and the reverse pass to r): with `filter_spline` (the default
+/// inference path, SchNetImpl::filter_spline) a quintic per filter value
+/// (5 multiply-adds: 10 Fi FLOPs each time), else the network Dense(G → Fi)
+/// · ssp · Dense(Fi → Fi) (2 G Fi + 2 Fi² + 12 Fi each time); per edge the
+/// cfconv product and its reverse (2 Fi + 4 Fi), per atom the dense maps
+/// in2f, f2out (Fi → F, ssp, F → F) and the readout F → F/2 → 1, each twice
 /// (forward and ∂/∂x).
-inline double schnet_flops_per_atom(const SchNetOptions& o, double edges_per_atom) {
+inline double schnet_flops_per_atom(const SchNetOptions& o, double edges_per_atom, bool filter_spline = true) {
   const double F = static_cast<double>(o.hidden_channels), Fi = static_cast<double>(o.num_filters);
   const double G = static_cast<double>(o.num_gaussians), T = static_cast<double>(o.num_interactions);
-  const double per_pair = 3.0 * (2.0 * G * Fi + 2.0 * Fi * Fi + 12.0 * Fi);
+  const double per_pair = filter_spline ? 3.0 * 10.0 * Fi : 3.0 * (2.0 * G * Fi + 2.0 * Fi * Fi + 12.0 * Fi);
   const double per_edge = 6.0 * Fi;
   const double per_atom = 2.0 * (2.0 * F * Fi + 2.0 * Fi * F + 2.0 * F * F + 10.0 * F);
   const double readout = 2.0 * (2.0 * F * (F / 2.0) + F);

@@ -131,6 +131,20 @@ def main():
                       f"{100 * limit / float(f['us_per_atom_engine']):.0f}% of it, exact "
                       f"{100 * limit / float(f['us_per_atom_exact']):.0f}%", flush=True)
                 print(f"engine_speedup mace_{size} {f['atoms']} {float(f['speedup_median']):.3f}", flush=True)
+        # SchNet's filter network as splines (SchNetImpl::filter_spline)
+        # against the network per pair, the same way; no target.
+        for rep in [int(r) for r in a.engine_reps.split(",")]:
+            out = run([inf, "--model", "schnet", "--reps", str(rep), "--threads", "1", "--flops", "0",
+                       "--engine-rounds", str(a.engine_rounds)], env1)
+            f = fields(last_line(out, "engine_side_by_side"))
+            flops = float(f["hand_flops_per_atom"])
+            limit = limit_us(flops, gemm["float32"])
+            print(f"  schnet       {int(f['atoms']):>6} atoms: filter splines {float(f['us_per_atom_engine']):.1f} "
+                  f"µs/atom, exact {float(f['us_per_atom_exact']):.1f} µs/atom: {float(f['speedup_median']):.2f}x "
+                  f"({float(f['speedup_min']):.2f}-{float(f['speedup_max']):.2f}); hand count "
+                  f"{flops / 1e6:.2f} MFLOP/atom, arithmetic limit {limit:.1f} µs/atom: splines at "
+                  f"{100 * limit / float(f['us_per_atom_engine']):.0f}% of it", flush=True)
+            print(f"engine_speedup schnet {f['atoms']} {float(f['speedup_median']):.3f}", flush=True)
         print()
     if "kim" in sections:
         kim_section(a, inf, data, env1, gemm)

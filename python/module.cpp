@@ -15,6 +15,7 @@
 #include "crucible/data/structure_checks.h"
 #include "crucible/models/energy_model.h"
 #include "crucible/models/mace/mace.h"
+#include "crucible/models/schnet.h"
 #include "crucible/neighbors/neighbor_list.h"
 #include "crucible/training/allocator.h"
 #include "python/training.h"
@@ -70,8 +71,12 @@ class Model {
     dtype_ = *t;
     loaded_.model->module().to(dtype_);
     loaded_.model->module().eval();
-    // exact: MACE's radial MLP per pair instead of its splines (issue 48).
-    if (auto* mace = dynamic_cast<MaceImpl*>(loaded_.model.get()); mace && exact) mace->set_radial_spline(false);
+    // exact: MACE's radial MLP and SchNet's filter network per pair instead
+    // of their splines (issue 48).
+    if (exact) {
+      if (auto* mace = dynamic_cast<MaceImpl*>(loaded_.model.get())) mace->set_radial_spline(false);
+      if (auto* schnet = dynamic_cast<SchNetImpl*>(loaded_.model.get())) schnet->set_filter_spline(false);
+    }
   }
 
   py::dict metadata() const {

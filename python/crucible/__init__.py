@@ -39,8 +39,9 @@ def load_model(path, dtype=None, exact=False):
     """A trained model from a run directory or a model.pt (or model_last.pt)
     with model.json beside it, computing in `dtype` ("float32", "float64";
     None = the dtype the model was trained in, model.json's "dtype").
-    exact=True: a MACE model evaluates its radial MLP per pair instead of
-    its splines (the reference path; see Calculator).
+    exact=True: a MACE model evaluates its radial MLP, a SchNet model its
+    filter network, per pair instead of their splines (the reference path;
+    see Calculator).
 
     Returns an object with .metadata() (type, cutoff, elements, E0s, units, ...)
     and .compute(positions, numbers, cell, pbc, stress=True).

@@ -14,11 +14,11 @@ class Calculator(_AseCalculator):
     dtype : None (default: the dtype the model was trained in, as
         `crucible evaluate` computes), "float32" or "float64".
         metadata["dtype"] is the dtype it computes in.
-    exact : False (default): a MACE model evaluates its radial MLP as splines
-        of the distance (the inference engine, issue 48; relative error below
-        1e-7 in energies and 1e-6 in forces, printed by `crucible info`);
-        True: the MLP itself per pair (the reference path). Other models
-        ignore it.
+    exact : False (default): a MACE model evaluates its radial MLP, a
+        SchNet model its filter network, as splines of the distance (the
+        inference engine, issue 48; relative error below 1e-7 in energies
+        and 1e-6 in forces, printed by `crucible info`); True: the network
+        itself per pair (the reference path).
 
     Units: eV, eV/Å, eV/Å^3 (stress with ASE's sign: positive = tensile).
     Stress is computed only when ASE asks for it, and only for a periodic

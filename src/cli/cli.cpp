@@ -119,8 +119,9 @@ int run(int argc, char** argv) {
   evaluate->add_option("--batch-size", eval.batch_size, "Structures per batch (default 32)");
   evaluate->add_option("--device", eval.device, "cpu, cuda or cuda:N (default cpu)");
   evaluate->add_flag("--exact", eval.exact,
-                     "MACE: evaluate the radial MLP per pair instead of its splines (the reference path; the "
-                     "splines' error, printed by crucible info, is below 1e-7 relative in energies)");
+                     "Evaluate MACE's radial MLP and SchNet's filter network per pair instead of their splines "
+                     "(the reference path; the splines' error, printed by crucible info, is below 1e-7 relative "
+                     "in energies)");
   evaluate->add_option("--json", e_json, "Also write the metrics to this JSON file");
   std::string e_write, e_parity;
   evaluate->add_option("--parity", e_parity, "Also draw energy and force parity plots to this SVG file");

@@ -16,6 +16,7 @@
 #include "crucible/data/extxyz.h"
 #include "crucible/data/structure_checks.h"
 #include "crucible/models/mace/mace.h"
+#include "crucible/models/schnet.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -100,6 +101,22 @@ void write_predictions(EnergyModel& model, const AtomicDataset& dataset, at::Dev
   if (ec) throw DataError(*write_path + ": --write file cannot be written (" + ec.message() + ")");
 }
 
+/// One line per spline table (grid, size, measured errors) under `title`,
+/// then how to run `exact` instead.
+void print_splines(std::ostream& out, const std::string& title, const std::string& unit,
+                   const std::vector<std::shared_ptr<const mace::RadialSpline>>& splines, const std::string& exact) {
+  for (size_t t = 0; t < splines.size(); ++t) {
+    const auto& s = splines[t];
+    out << fmt::format("{}{} {}: {} intervals of {:.4g} Å on [0, {:.4g}] Å, {} outputs, {:.1f} MB {}; "
+                       "error {:.1e} (values), {:.1e} (derivatives), relative, measured at 3 points per interval\n",
+                       t == 0 ? title : std::string(title.size(), ' '), unit, t, s->num_intervals(), s->spacing(),
+                       s->r_max(), s->num_outputs(), static_cast<double>(s->bytes()) / 1e6,
+                       s->dtype() == at::kFloat ? "float32" : "float64", s->value_error(), s->derivative_error());
+  }
+  out << std::string(title.size(), ' ') << "(the inference path; CRUCIBLE_RADIAL_SPLINE=0 or evaluate --exact "
+      << "evaluates " << exact << " exactly)\n";
+}
+
 }  // namespace
 
 std::string model_directory(const std::string& path) {
@@ -146,17 +163,16 @@ void run_info(const std::string& path, std::ostream& out) {
   out << fmt::format("interaction range {:.4g} Å (message-passing layers x cutoff: an atom's energy depends on "
                      "atoms this far away; the KIM model's influence distance, the reach of LAMMPS's ghost atoms)\n",
                      loaded.model->interaction_range());
+  // Issue 48: the inference path's radial functions are splines of r.
   if (auto* mace = dynamic_cast<MaceImpl*>(loaded.model.get()); mace && mace->radial_spline_enabled()) {
-    // Issue 48: the inference path's radial weights are splines of r.
-    for (int64_t t = 0; t < mace->options().num_interactions; ++t) {
-      const auto s = mace->radial_spline(t);
-      out << fmt::format("{}layer {}: {} intervals of {:.4g} Å on [0, {:.4g}] Å, {} outputs, {:.1f} MB {}; "
-                         "error {:.1e} (values), {:.1e} (derivatives), relative, measured at 3 points per interval\n",
-                         t == 0 ? "radial splines  " : "                ", t, s->num_intervals(), s->spacing(),
-                         s->r_max(), s->num_outputs(), static_cast<double>(s->bytes()) / 1e6,
-                         s->dtype() == at::kFloat ? "float32" : "float64", s->value_error(), s->derivative_error());
-    }
-    out << "                (the inference path; CRUCIBLE_RADIAL_SPLINE=0 evaluates the radial MLP exactly)\n";
+    std::vector<std::shared_ptr<const mace::RadialSpline>> splines;
+    for (int64_t t = 0; t < mace->options().num_interactions; ++t) splines.push_back(mace->radial_spline(t));
+    print_splines(out, "radial splines  ", "layer", splines, "the radial MLP");
+  }
+  if (auto* schnet = dynamic_cast<SchNetImpl*>(loaded.model.get()); schnet && schnet->filter_spline_enabled()) {
+    std::vector<std::shared_ptr<const mace::RadialSpline>> splines;
+    for (int64_t t = 0; t < schnet->options().num_interactions; ++t) splines.push_back(schnet->filter_spline(t));
+    print_splines(out, "filter splines  ", "interaction", splines, "the filter network");
   }
   const std::filesystem::path summary_path = std::filesystem::path(dir) / "summary.json";
   if (std::filesystem::exists(summary_path)) {  // issue 47: how good the model is
@@ -278,7 +294,10 @@ ValidationSummary run_evaluation(const EvaluateRequest& req, std::ostream& out, 
   eo.stress = true;
   eo.dtype = dtype_from_name(loaded.meta.dtype).value_or(at::kFloat);  // load_model checked it
   loaded.model->module().to(device);
-  if (auto* mace = dynamic_cast<MaceImpl*>(loaded.model.get()); mace && req.exact) mace->set_radial_spline(false);
+  if (req.exact) {  // the reference path: no splines (issue 48)
+    if (auto* mace = dynamic_cast<MaceImpl*>(loaded.model.get())) mace->set_radial_spline(false);
+    if (auto* schnet = dynamic_cast<SchNetImpl*>(loaded.model.get())) schnet->set_filter_spline(false);
+  }
   const ValidationSummary v = evaluate_model(*loaded.model, dataset, device, eo);
 
   out << fmt::format("model      {} ({}, {}, cutoff {} Å, elements{})\n", req.model_dir,

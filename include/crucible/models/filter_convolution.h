@@ -7,6 +7,9 @@
 #include <cstdint>
 
 namespace crucible {
+namespace mace {
+class RadialSpline;
+}
 
 /// One interaction's filter-generating network (SchNet, Schütt et al.,
 /// J. Chem. Phys. 148, 241722 (2018), Eq. 4, schnetpack's layout):
@@ -46,11 +49,17 @@ PairEdges group_edges_by_pair(const at::Tensor& edge_pair, int64_t num_pairs, co
 ///
 /// Backward: ∂/∂h and ∂/∂d, first order only, written by hand
 /// (g'_k = -2γ(d - μ_k) g_k, ssp' = σ, f_c' = -½(π/r_c) sin(π d/r_c)).
+///
+/// With `spline` (SchNetImpl::filter_spline, the same network tabulated,
+/// K outputs, h's dtype, CPU): W(d) is the spline's value and ∂/∂d its
+/// slope dotted with ∂/∂W, instead of the network per pair; `net` is still
+/// checked and its parameters' gradients still refused.
 /// @throws std::runtime_error from the backward if a gradient of the
 ///         network's parameters or a differentiable backward (create_graph)
 ///         is asked: that is the training path's (SchNet's autograd layers).
-/// @throws c10::Error on mismatched shapes or dtypes.
+/// @throws c10::Error on mismatched shapes or dtypes, or a spline whose
+///         outputs, dtype or device do not match h.
 at::Tensor filter_convolution(const at::Tensor& h, const at::Tensor& d, const FilterNetwork& net,
-                              const PairEdges& edges, int64_t chunk);
+                              const PairEdges& edges, int64_t chunk, const mace::RadialSpline* spline = nullptr);
 
 }  // namespace crucible

@@ -4,6 +4,7 @@
 #include "crucible/models/energy_model.h"
 #include "crucible/models/energy_normalization.h"
 #include "crucible/models/model_params.h"
+#include "crucible/models/mace/radial_spline.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/cloneable.h>
@@ -12,8 +13,12 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
-#include <vector>
 #include <algorithm>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
 
 namespace crucible {
 
@@ -99,6 +104,29 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
   at::Tensor node_energies(const Batch& batch) override;
   const SchNetOptions& options() const { return options_; }
 
+  /// Inference path (issue 48): interaction t's filter W_t(r) =
+  /// (ssp(g(r) W1ᵀ + b1) W2ᵀ + b2) · f_c(r) [num_filters per distance, r in
+  /// Å] as a quintic Hermite spline of the distance on [0, cutoff]
+  /// (mace::tabulate_radial with Origin::kSmooth, relative value error
+  /// ≤ 1e-9, derivatives ≤ 1e-7; the nodes' derivatives analytic: g' =
+  /// -2γ(r - μ) g, ssp' = σ, f_c' = -½(π/r_c) sin(πr/r_c) and their second
+  /// derivatives), in the layers' dtype, built from the current weights on
+  /// first use and rebuilt after a filter weight changes (storage or
+  /// version). The per-pair filter network (two dense layers forward, again
+  /// in the backward, and its reverse pass) becomes one quintic per filter
+  /// value and one slope dot. nullptr when splines are off
+  /// (set_filter_spline(false), or the environment's
+  /// CRUCIBLE_RADIAL_SPLINE=0): then the network runs per distance pair,
+  /// the exact reference. Thread-safe. @throws std::out_of_range for t
+  /// outside 0..num_interactions-1.
+  std::shared_ptr<const mace::RadialSpline> filter_spline(int64_t t) const;
+  /// Turns the inference path's filter splines on or off (this model and
+  /// its later clones). Never throws.
+  void set_filter_spline(bool on) { filter_spline_ = on; }
+  /// Whether the inference path uses filter_spline(): set_filter_spline's
+  /// value, else CRUCIBLE_RADIAL_SPLINE (0 = off), else on.
+  bool filter_spline_enabled() const;
+
  private:
   /// e0_, scale_, shift_ and the defined zbl_* buffers: kept float64 by to().
   std::vector<at::Tensor> float64_buffers() const {
@@ -113,6 +141,13 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
   torch::nn::Linear out1_{nullptr}, out2_{nullptr};
   at::Tensor offsets_, e0_, scale_, shift_;
   at::Tensor zbl_c_, zbl_a_exp_, zbl_a_prefactor_, zbl_covalent_radii_;  // pair_repulsion: ZblParameters
+  struct SplineCache {  // filter_spline's tables and the weights (storage, version) they were built from
+    std::vector<std::shared_ptr<const mace::RadialSpline>> splines;
+    std::vector<std::vector<std::pair<const void*, int64_t>>> signatures;
+    std::mutex mutex;
+  };
+  std::shared_ptr<SplineCache> spline_cache_ = std::make_shared<SplineCache>();
+  std::optional<bool> filter_spline_;
 };
 TORCH_MODULE(SchNet);
 

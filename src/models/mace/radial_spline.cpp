@@ -93,7 +93,8 @@ void eval_backward(const T* c, const double* r, const T* g_in, T* out, int64_t P
 
 }  // namespace
 
-RadialSpline::RadialSpline(const Function& f, double r_max, int64_t num_intervals, at::ScalarType dtype)
+RadialSpline::RadialSpline(const Function& f, double r_max, int64_t num_intervals, at::ScalarType dtype,
+                           Origin origin)
     : r_max_(r_max), G_(num_intervals) {
   if (!(r_max > 0) || !std::isfinite(r_max)) throw std::invalid_argument("RadialSpline: r_max must be > 0");
   if (num_intervals < 1) throw std::invalid_argument("RadialSpline: num_intervals must be >= 1");
@@ -103,7 +104,7 @@ RadialSpline::RadialSpline(const Function& f, double r_max, int64_t num_interval
   h_ = r_max / static_cast<double>(G_);
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   at::Tensor nodes = at::arange(G_ + 1, f64) * h_;
-  nodes[0] = 1e-9 * h_;
+  if (origin == Origin::kEven) nodes[0] = 1e-9 * h_;
   const RadialSpline::Values v = f(nodes);
   at::Tensor y = v.value, dy = v.first, d2y = v.second;
   if (y.dim() != 2 || y.size(0) != G_ + 1 || dy.sizes() != y.sizes() || d2y.sizes() != y.sizes()) {
@@ -113,10 +114,12 @@ RadialSpline::RadialSpline(const Function& f, double r_max, int64_t num_interval
   // R'(0) = 0, and R''(0) is R''(1e-3 h) to O(1e-6 h² R⁗). Autograd's
   // derivatives of sin(kr)/r at r ≈ 0 cancel two O(1/r^n) terms: garbage at
   // 1e-9 h, which spread over the first interval.
-  dy = dy.clone();
-  dy[0].zero_();
-  d2y = d2y.clone();
-  d2y[0].copy_(f(at::full({1}, 1e-3 * h_, f64)).second[0]);
+  if (origin == Origin::kEven) {
+    dy = dy.clone();
+    dy[0].zero_();
+    d2y = d2y.clone();
+    d2y[0].copy_(f(at::full({1}, 1e-3 * h_, f64)).second[0]);
+  }
   K_ = y.size(1);
   const at::Tensor d = y.slice(0, 1, G_ + 1) - y.slice(0, 0, G_);
   const at::Tensor m0 = dy.slice(0, 0, G_) * h_, m1 = dy.slice(0, 1, G_ + 1) * h_;
@@ -194,9 +197,9 @@ at::Tensor RadialSpline::backward(const at::Tensor& r, const at::Tensor& g) cons
 }
 
 RadialSpline tabulate_radial(const RadialSpline::Function& f, double r_max, double value_tolerance,
-                             at::ScalarType dtype) {
+                             at::ScalarType dtype, RadialSpline::Origin origin) {
   for (int k = 5;; ++k) {
-    RadialSpline s(f, r_max, int64_t{1} << k, dtype);
+    RadialSpline s(f, r_max, int64_t{1} << k, dtype, origin);
     if (k == 12 || (s.value_error() <= value_tolerance && s.derivative_error() <= 100 * value_tolerance)) return s;
   }
 }

@@ -4,6 +4,7 @@
 #include "crucible/models/filter_convolution.h"
 #include "crucible/models/chunk_parallel.h"
 #include "crucible/models/shifted_softplus.h"
+#include "crucible/models/mace/radial_spline.h"
 #include "crucible/neighbors/counting_sort.h"
 
 #include <c10/util/Exception.h>
@@ -31,9 +32,13 @@ struct ChunkFilter {
 
 ChunkFilter chunk_filter(const at::Tensor& d, int64_t p0, int64_t p1, const at::Tensor& w1, const at::Tensor& b1,
                          const at::Tensor& w2, const at::Tensor& b2, const at::Tensor& offsets, double gamma,
-                         double rc) {
+                         double rc, const mace::RadialSpline* spline) {
   ChunkFilter f;
   f.dc = d.slice(0, p0, p1);
+  if (spline) {  // the tabulated filter (SchNetImpl::filter_spline): W only
+    f.W = spline->values(f.dc);
+    return f;
+  }
   f.rbf = at::exp(-gamma * (f.dc.unsqueeze(-1) - offsets).pow(2));
   auto [h1, sig1] = shifted_softplus_and_sigmoid(at::addmm(b1, f.rbf, w1.t()));  // one pass over a1
   f.sig1 = sig1;
@@ -89,8 +94,9 @@ struct FilterConv : public Function<FilterConv> {
                             const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2,
                             const at::Tensor& mu, const at::Tensor& edge_pair, const at::Tensor& order,
                             const at::Tensor& pair_offsets, const at::Tensor& receiver, const at::Tensor& sender,
-                            double gamma, double rc, int64_t chunk) {
+                            double gamma, double rc, int64_t chunk, const mace::RadialSpline* spline) {
     ctx->save_for_backward({h, d, w1, b1, w2, b2, mu, edge_pair, order, pair_offsets, receiver, sender});
+    ctx->saved_data["spline"] = reinterpret_cast<int64_t>(spline);
     ctx->saved_data["gamma"] = gamma;
     ctx->saved_data["rc"] = rc;
     ctx->saved_data["chunk"] = chunk;
@@ -101,7 +107,7 @@ struct FilterConv : public Function<FilterConv> {
     return sum_over_chunks(num_chunks, {hc}, [&](int64_t c, std::vector<at::Tensor>& accs) {
       at::Tensor& acc = accs[0];
       const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
-      const ChunkFilter f = chunk_filter(d, p0, p1, w1, b1, w2, b2, mu, gamma, rc);
+      const ChunkFilter f = chunk_filter(d, p0, p1, w1, b1, w2, b2, mu, gamma, rc, spline);
       if (cpu_fast(hc)) {
         const at::Tensor W = f.W.contiguous();
         AT_DISPATCH_FLOATING_TYPES(hc.scalar_type(), "filter_convolution", [&] {
@@ -135,6 +141,7 @@ struct FilterConv : public Function<FilterConv> {
     const double gamma = ctx->saved_data["gamma"].toDouble();
     const double rc = ctx->saved_data["rc"].toDouble();
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const auto* spline = reinterpret_cast<const mace::RadialSpline*>(ctx->saved_data["spline"].toInt());
     const at::Tensor gv = grads[0].contiguous();
     const at::Tensor hc = h.contiguous();
     const int64_t P = d.size(0), K = h.size(1);
@@ -144,7 +151,7 @@ struct FilterConv : public Function<FilterConv> {
     at::Tensor gh = sum_over_chunks(num_chunks, {hc}, [&](int64_t c, std::vector<at::Tensor>& accs) {
       at::Tensor& acc = accs[0];
       const int64_t p0 = c * chunk, p1 = std::min(P, p0 + chunk);
-      const ChunkFilter f = chunk_filter(d, p0, p1, w1, b1, w2, b2, mu, gamma, rc);
+      const ChunkFilter f = chunk_filter(d, p0, p1, w1, b1, w2, b2, mu, gamma, rc, spline);
       at::Tensor gW = at::zeros_like(f.W);
       if (cpu_fast(hc)) {
         const at::Tensor W = f.W.contiguous();
@@ -162,6 +169,10 @@ struct FilterConv : public Function<FilterConv> {
         gW.index_add_(0, local, g * hc.index_select(0, snd));
         acc.index_add_(0, snd, g * f.W.index_select(0, local));
       }
+      if (spline) {  // ∂/∂d = Σ_k ∂/∂W_k · W_k'(d)
+        gd.slice(0, p0, p1).copy_(spline->backward(f.dc, gW));
+        return;
+      }
       // Back through W = a2 · f_c, a2 = ssp(a1) W2ᵀ + b2, a1 = g(d) W1ᵀ + b1.
       const at::Tensor g_a2 = gW * f.fc.unsqueeze(-1);
       const at::Tensor g_fc = (gW * f.a2).sum(-1);
@@ -176,7 +187,7 @@ struct FilterConv : public Function<FilterConv> {
     at::Tensor gd_out = ctx->needs_input_grad(1) ? gd : at::Tensor();
     return {gh_out, gd_out, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -206,7 +217,7 @@ PairEdges group_edges_by_pair(const at::Tensor& edge_pair, int64_t num_pairs, co
 }
 
 at::Tensor filter_convolution(const at::Tensor& h, const at::Tensor& d, const FilterNetwork& net,
-                              const PairEdges& edges, int64_t chunk) {
+                              const PairEdges& edges, int64_t chunk, const mace::RadialSpline* spline) {
   TORCH_CHECK(h.dim() == 2 && d.dim() == 1 && net.w1.dim() == 2 && net.w2.dim() == 2 &&
                   net.w1.size(0) == h.size(1) && net.w2.size(0) == h.size(1) && net.w2.size(1) == h.size(1) &&
                   net.offsets.numel() == net.w1.size(1) && edges.offsets.numel() == d.size(0) + 1,
@@ -215,8 +226,12 @@ at::Tensor filter_convolution(const at::Tensor& h, const at::Tensor& d, const Fi
                   h.scalar_type() == net.w2.scalar_type(),
               "filter_convolution: h, d and the filter network must share one dtype");
   TORCH_CHECK(chunk >= 1, "filter_convolution: chunk must be >= 1");
+  TORCH_CHECK(!spline || (spline->num_outputs() == h.size(1) && spline->dtype() == h.scalar_type() &&
+                          h.device().is_cpu()),
+              "filter_convolution: the spline must have h's K outputs and dtype, on the CPU");
   return FilterConv::apply(h, d, net.w1, net.b1, net.w2, net.b2, net.offsets.to(d.scalar_type()), edges.edge_pair,
-                           edges.order, edges.offsets, edges.receiver, edges.sender, net.gamma, net.cutoff, chunk);
+                           edges.order, edges.offsets, edges.receiver, edges.sender, net.gamma, net.cutoff, chunk,
+                           spline);
 }
 
 }  // namespace crucible

@@ -165,7 +165,9 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     if (chunked) {  // filter network + cfconv per pair chunk (issue 19)
       const FilterNetwork net{filter1->weight, filter1->bias, filter2->weight, filter2->bias,
                               offsets_.to(geom), gamma, rc};
-      v = filter_convolution(h, pairs.values, net, pairs.edges, inference_edge_chunk());
+      // The filter tabulated once per set of weights (issue 48), on the CPU.
+      const auto spline = h.device().is_cpu() ? filter_spline(t) : nullptr;
+      v = filter_convolution(h, pairs.values, net, pairs.edges, inference_edge_chunk(), spline.get());
     } else {
       // Filter-generating network W(r_ij) = Dense(ssp(Dense(g(r_ij)))) · f_c: [E,K].
       // The cutoff in the filter's dtype (bf16 under bf16 autocast), so the

@@ -2,9 +2,10 @@
 // MACE's radial weights as splines of the distance (issue 48, step 1 of
 // docs/mace_engine.md): R_t(r) = MLP_t(b(r) · f(r)) depends on |r| alone,
 // so at inference it is tabulated once per set of weights and evaluated per
-// distance pair by a cubic, instead of three dense layers per pair forward
+// distance pair by a quintic, instead of three dense layers per pair forward
 // and again in the backward (the idea of Symmetrix, MIT licensed; the code
-// here is written from the formulas below).
+// here is written from the formulas below). SchNet's filter network
+// W_t(r) uses the same tables (SchNetImpl::filter_spline).
 
 #include <ATen/ATen.h>
 
@@ -35,18 +36,27 @@ class RadialSpline {
     at::Tensor value, first, second;
   };
   using Function = std::function<Values(const at::Tensor& r)>;
+  /// How the table takes its node r = 0.
+  enum class Origin {
+    /// `f` is even in r (MACE's b(r) f(r), whose Bessel basis sin(kr)/r is
+    /// 0/0 at r = 0): the value at r = 1e-9 h, the first derivative 0 and
+    /// the second derivative at r = 1e-3 h.
+    kEven,
+    /// `f` is smooth at r = 0 and evaluated there (SchNet's filter, whose
+    /// Gaussians exp(-γ(r - μ)²) have R'(0) ≠ 0).
+    kSmooth,
+  };
 
   /// Tabulates `f` on [0, r_max] with num_intervals intervals, keeping the
-  /// coefficients in `dtype` (float32 or float64). The node r = 0 takes
-  /// the value at r = 1e-9 h (a Bessel basis sin(kr)/r is 0/0 there), the
-  /// first derivative 0 and the second derivative at r = 1e-3 h: `f` must
-  /// be even in r (as b(r) f(r) of MACE's radial embedding).
-  /// Measures the error at the quarter, mid and three-quarter points of
-  /// every interval against f (float64 coefficients, so the measured
-  /// figures are the interpolation error, not the storage dtype's).
+  /// coefficients in `dtype` (float32 or float64); the node r = 0 as
+  /// `origin` says. Measures the error at the quarter, mid and
+  /// three-quarter points of every interval against f (float64
+  /// coefficients, so the measured figures are the interpolation error,
+  /// not the storage dtype's).
   /// @throws std::invalid_argument if r_max <= 0, num_intervals < 1, dtype
   ///         is not float32/float64, or f returns wrong shapes.
-  RadialSpline(const Function& f, double r_max, int64_t num_intervals, at::ScalarType dtype);
+  RadialSpline(const Function& f, double r_max, int64_t num_intervals, at::ScalarType dtype,
+               Origin origin = Origin::kEven);
 
   /// S(r) [P,K] in the table's dtype for r [P] (any float dtype, Å; clamped
   /// to [0, r_max]). CPU, contiguous output. Never throws for a 1-D r.
@@ -79,8 +89,9 @@ class RadialSpline {
 /// The coarsest grid of r_max/2^k (k = 5 .. 12) whose measured errors are
 /// at most `value_tolerance` (relative, values) and 100 · value_tolerance
 /// (relative, derivatives, whose Hermite error is one order of h larger);
-/// the finest one when none is. @throws as RadialSpline.
+/// the finest one when none is; the node r = 0 as `origin` says.
+/// @throws as RadialSpline.
 RadialSpline tabulate_radial(const RadialSpline::Function& f, double r_max, double value_tolerance,
-                             at::ScalarType dtype);
+                             at::ScalarType dtype, RadialSpline::Origin origin = RadialSpline::Origin::kEven);
 
 }  // namespace crucible::mace
