@@ -369,13 +369,21 @@ int main(int argc, char** argv) {
     const double edges_per_atom = static_cast<double>(batch.num_edges()) / static_cast<double>(n);
     double hand_flops = std::nan("");
     if (const auto* m = dynamic_cast<const MaceImpl*>(model.get())) hand_flops = bench::mace_engine_flops_per_atom(m->options(), edges_per_atom);
-    if (const auto* m = dynamic_cast<const SchNetImpl*>(model.get())) hand_flops = bench::schnet_flops_per_atom(m->options(), edges_per_atom, m->filter_spline_enabled());
+    std::string hand_split = "none";  // SchNet: the hand count's shares by atoms, edges and pairs (the kim floor's weights)
+    if (const auto* m = dynamic_cast<const SchNetImpl*>(model.get())) {
+      const bench::SchNetFlops split = bench::schnet_flops_split(m->options(), edges_per_atom, m->filter_spline_enabled());
+      hand_flops = split.total();
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%.4f,%.4f,%.4f", split.atoms / hand_flops, split.edges / hand_flops,
+                    split.pairs / hand_flops);
+      hand_split = buf;
+    }
     std::printf("model=%s dtype=%s path=%s order=%s threads=%d atoms=%lld edges=%lld atoms_per_s=%.0f us_per_atom=%.2f "
                 "peak_kb_per_atom=%.2f faults_per_call=%.0f kernel_share=%.3f fresh_mb_per_call=%.0f moved_mb_per_call=%.0f "
-                "profiled_gflop=%.3f achieved_gflops=%.2f hand_flops_per_atom=%.0f\n",
+                "profiled_gflop=%.3f achieved_gflops=%.2f hand_flops_per_atom=%.0f hand_shares_atoms_edges_pairs=%s\n",
                 model_name.c_str(), dtype == at::kDouble ? "float64" : "float32", path.c_str(), atom_order.c_str(), threads, static_cast<long long>(n),
                 static_cast<long long>(batch.num_edges()), n / best, 1e6 * best / n, peak_kb / n, faults_per_call, kernel_share, fresh_mb, moved_mb, gflop,
-                gflop / best, hand_flops);
+                gflop / best, hand_flops, hand_split.c_str());
     std::fflush(stdout);
     if (thread_rounds > 0 && threads > 1) {
       auto timed = [&](int t) {

@@ -106,14 +106,26 @@ inline double mace_engine_flops_per_atom(const MaceOptions& o, double edges_per_
 /// cfconv product and its reverse (2 Fi + 4 Fi), per atom the dense maps
 /// in2f, f2out (Fi → F, ssp, F → F) and the readout F → F/2 → 1, each twice
 /// (forward and ∂/∂x).
-inline double schnet_flops_per_atom(const SchNetOptions& o, double edges_per_atom, bool filter_spline = true) {
+/// schnet_flops_per_atom's terms by the unit their work scales with.
+struct SchNetFlops {
+  double atoms = 0;  ///< dense maps and readout, per atom.
+  double edges = 0;  ///< cfconv, per atom (edges_per_atom edges).
+  double pairs = 0;  ///< the filter, per atom (edges_per_atom / 2 pairs).
+  double total() const { return atoms + edges + pairs; }
+};
+
+inline SchNetFlops schnet_flops_split(const SchNetOptions& o, double edges_per_atom, bool filter_spline = true) {
   const double F = static_cast<double>(o.hidden_channels), Fi = static_cast<double>(o.num_filters);
   const double G = static_cast<double>(o.num_gaussians), T = static_cast<double>(o.num_interactions);
   const double per_pair = filter_spline ? 3.0 * 10.0 * Fi : 3.0 * (2.0 * G * Fi + 2.0 * Fi * Fi + 12.0 * Fi);
   const double per_edge = 6.0 * Fi;
   const double per_atom = 2.0 * (2.0 * F * Fi + 2.0 * Fi * F + 2.0 * F * F + 10.0 * F);
   const double readout = 2.0 * (2.0 * F * (F / 2.0) + F);
-  return T * (per_atom + edges_per_atom * per_edge + 0.5 * edges_per_atom * per_pair) + readout;
+  return {T * per_atom + readout, T * edges_per_atom * per_edge, T * 0.5 * edges_per_atom * per_pair};
+}
+
+inline double schnet_flops_per_atom(const SchNetOptions& o, double edges_per_atom, bool filter_spline = true) {
+  return schnet_flops_split(o, edges_per_atom, filter_spline).total();
 }
 
 }  // namespace crucible::bench

@@ -18,11 +18,16 @@
 namespace crucible {
 namespace {
 
-/// MACE with its exact radial MLP: the pruned layers are compared with the
-/// training path to 1e-12 (the splines' own error is tested in
-/// test_radial_spline.cpp).
+/// MACE with its exact radial MLP, SchNet with its exact filter network: the
+/// pruned layers are compared with the training path to 1e-12 (the splines'
+/// own error is tested in test_radial_spline.cpp and
+/// test_schnet_filter_spline.cpp).
 std::shared_ptr<EnergyModel> make(const std::string& type) {
-  if (type == "schnet") return testing::small_schnet(3.0);
+  if (type == "schnet") {
+    auto s = testing::small_schnet(3.0);
+    std::dynamic_pointer_cast<SchNetImpl>(s)->set_filter_spline(false);
+    return s;
+  }
   auto m = testing::small_mace(3.0);
   std::dynamic_pointer_cast<MaceImpl>(m)->set_radial_spline(false);
   return m;

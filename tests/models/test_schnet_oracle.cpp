@@ -112,12 +112,17 @@ TEST(SchNetOracle, MatchesIndependentPyTorchAseImplementation) {
     Batch b = make_batch({s}, kCutoff);
     ComputeOptions opt;
     opt.stress = true;
+    model->set_filter_spline(false);  // the exact filter network: to rounding
     ModelOutputs pred = compute_outputs(*model, b, opt);
+    model->set_filter_spline(true);   // its splines (issue 48): to their error
+    const ModelOutputs splined = compute_outputs(*model, b, opt);
     const auto e = read_record(in, "energy", 1);
     const auto f = read_record(in, "forces", 3 * s.num_atoms());
     const auto st = read_record(in, "stress", 9);
     EXPECT_NEAR(pred.energy.item<double>(), e[0], 1e-10 * std::max(1.0, std::abs(e[0])));
     EXPECT_LT(rel_err(pred.forces, at::tensor(f, at::kDouble).view({-1, 3})), 1e-10);
+    EXPECT_NEAR(splined.energy.item<double>(), e[0], 1e-7 * std::max(1.0, std::abs(e[0])));
+    EXPECT_LT(rel_err(splined.forces, at::tensor(f, at::kDouble).view({-1, 3})), 1e-6);
     const at::Tensor ref_stress = at::tensor(st, at::kDouble).view({3, 3});
     if (s.periodic()) {
       // ASE's finite-difference stress (d = 1e-5) vs. the analytic strain derivative.
