@@ -4,6 +4,7 @@
 #include "crucible/models/mace/mace.h"
 #include "crucible/models/silu.h"
 #include "crucible/models/layer_nodes.h"
+#include "crucible/models/edge_lengths.h"
 #include "crucible/models/mace/chunked_interaction.h"
 #include "crucible/models/mace/element_linear.h"
 #include "crucible/models/mace/product_basis_engine.h"
@@ -526,7 +527,8 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
     // Force-safe geometry: autocast off, the positions' dtype.
     AutocastDisabledGuard no_autocast;
     const at::Tensor vec = edge_vectors(batch);  // [E, 3], r_j − r_i
-    at::Tensor r = vec.pow(2).sum(-1).sqrt();     // [E]
+    // [E]; the inference path's backward in one pass (edge_lengths.h).
+    at::Tensor r = chunked ? edge_lengths(vec) : vec.pow(2).sum(-1).sqrt();
     if (options_.pair_repulsion) pair = pair_repulsion(batch, r);
     // basis "mace": e3nn's harmonics of r_i − r_j are Crucible's at
     // P(r_i − r_j), P(x, y, z) = (z, x, y) (docs/mace_import.md).

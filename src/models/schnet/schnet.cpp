@@ -7,6 +7,7 @@
 #include "crucible/models/zbl.h"
 #include "crucible/models/layer_nodes.h"
 #include "crucible/models/cfconv.h"
+#include "crucible/models/edge_lengths.h"
 #include "crucible/models/filter_convolution.h"
 #include "crucible/models/row_scale.h"
 #include "crucible/models/gemm_rows.h"
@@ -113,7 +114,8 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     // vectors, distances, the Gaussian basis and the cutoff keep `geom`.
     AutocastDisabledGuard no_autocast;
     const at::Tensor vec = edge_vectors(batch);                  // [E,3]
-    at::Tensor d = vec.pow(2).sum(-1).sqrt();                    // [E]
+    // [E]; the inference path's backward in one pass (edge_lengths.h).
+    at::Tensor d = chunked ? edge_lengths(vec) : vec.pow(2).sum(-1).sqrt();
     if (options_.pair_repulsion) {  // ZBL per node from every edge (issue 48)
       const ZblParameters zbl{zbl_c_, zbl_a_exp_, zbl_a_prefactor_, zbl_covalent_radii_, kZblEnvelopeP};
       pair = zbl_node_energies(d, batch.atomic_numbers, batch.edge_index, N, zbl);
