@@ -4,11 +4,11 @@
 
 #include "crucible/models/schnet.h"
 #include "crucible/models/shifted_softplus.h"
+#include "crucible/models/spline_cache.h"
 
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -59,12 +59,7 @@ struct FilterFunction {
 }  // namespace
 
 bool SchNetImpl::filter_spline_enabled() const {
-  if (filter_spline_) return *filter_spline_;
-  static const bool env_on = [] {
-    const char* v = std::getenv("CRUCIBLE_RADIAL_SPLINE");
-    return !(v && std::string(v) == "0");
-  }();
-  return env_on;
+  return filter_spline_ ? *filter_spline_ : radial_splines_from_environment();
 }
 
 std::shared_ptr<const mace::RadialSpline> SchNetImpl::filter_spline(int64_t t) const {
@@ -76,29 +71,15 @@ std::shared_ptr<const mace::RadialSpline> SchNetImpl::filter_spline(int64_t t) c
   const auto* f1 = filter1_->ptr<torch::nn::LinearImpl>(t).get();
   const auto* f2 = filter2_->ptr<torch::nn::LinearImpl>(t).get();
   const at::ScalarType layer = out2_->weight.scalar_type();
-  std::vector<std::pair<const void*, int64_t>> signature;
-  for (const at::Tensor* w : {&f1->weight, &f1->bias, &f2->weight, &f2->bias, &offsets_})
-    signature.emplace_back(w->data_ptr(), w->_version());
-  signature.emplace_back(nullptr, static_cast<int64_t>(layer));
-
-  SplineCache& cache = *spline_cache_;
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  const auto T = static_cast<size_t>(options_.num_interactions);
-  if (cache.splines.size() != T) {
-    cache.splines.assign(T, nullptr);
-    cache.signatures.assign(T, {});
-  }
-  const auto ts = static_cast<size_t>(t);
-  if (cache.splines[ts] && cache.signatures[ts] == signature) return cache.splines[ts];
-
-  auto f64 = [](const at::Tensor& x) { return x.detach().to(at::kCPU, at::kDouble).contiguous(); };
-  const double delta = options_.cutoff / static_cast<double>(options_.num_gaussians - 1);
-  const FilterFunction f{f64(f1->weight), f64(f1->bias), f64(f2->weight), f64(f2->bias), f64(offsets_),
-                         0.5 / (delta * delta), options_.cutoff};
-  cache.splines[ts] = std::make_shared<const mace::RadialSpline>(
-      mace::tabulate_radial(f, options_.cutoff, 1e-9, layer, mace::RadialSpline::Origin::kSmooth));
-  cache.signatures[ts] = signature;
-  return cache.splines[ts];
+  auto build = [&] {
+    auto f64 = [](const at::Tensor& x) { return x.detach().to(at::kCPU, at::kDouble).contiguous(); };
+    const double delta = options_.cutoff / static_cast<double>(options_.num_gaussians - 1);
+    const FilterFunction f{f64(f1->weight), f64(f1->bias), f64(f2->weight), f64(f2->bias), f64(offsets_),
+                           0.5 / (delta * delta), options_.cutoff};
+    return mace::tabulate_radial(f, options_.cutoff, 1e-9, layer, mace::RadialSpline::Origin::kSmooth);
+  };
+  return cached_spline(*spline_cache_, static_cast<size_t>(t), static_cast<size_t>(options_.num_interactions),
+                       spline_signature({f1->weight, f1->bias, f2->weight, f2->bias, offsets_}, layer), build);
 }
 
 }  // namespace crucible
