@@ -53,7 +53,9 @@ PairEdges group_edges_by_pair(const at::Tensor& edge_pair, int64_t num_pairs, co
 /// With `spline` (SchNetImpl::filter_spline, the same network tabulated,
 /// K outputs, h's dtype, CPU): W(d) is the spline's value and ∂/∂d its
 /// slope dotted with ∂/∂W, instead of the network per pair; `net` is still
-/// checked and its parameters' gradients still refused.
+/// checked and its parameters' gradients still refused. The backward reads
+/// `spline` again: it must outlive it (the model's cache keeps it, as
+/// chunked_aggregate's).
 /// @throws std::runtime_error from the backward if a gradient of the
 ///         network's parameters or a differentiable backward (create_graph)
 ///         is asked: that is the training path's (SchNet's autograd layers).
