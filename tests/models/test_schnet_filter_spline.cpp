@@ -154,5 +154,20 @@ TEST(FilterSpline, TableFollowsTheWeightsAndIsKeptOtherwise) {
   EXPECT_THROW(model->filter_spline(3), std::out_of_range);
 }
 
+TEST(FilterSpline, CloneKeepsItsOwnTables) {
+  auto model = std::dynamic_pointer_cast<SchNetImpl>(biased_schnet());
+  const auto original = model->filter_spline(0);
+  auto copy = std::dynamic_pointer_cast<SchNetImpl>(model->clone_model());
+  ASSERT_TRUE(copy);
+  const auto copied = copy->filter_spline(0);
+  EXPECT_NE(copied.get(), original.get());  // built from the clone's own weights
+  {
+    at::NoGradGuard no_grad;
+    copy->named_parameters()["filter2.0.bias"].add_(0.5);
+  }
+  EXPECT_NE(copy->filter_spline(0).get(), copied.get());
+  EXPECT_EQ(model->filter_spline(0).get(), original.get());  // the original's table is untouched
+}
+
 }  // namespace
 }  // namespace crucible

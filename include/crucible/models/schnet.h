@@ -5,6 +5,7 @@
 #include "crucible/models/energy_normalization.h"
 #include "crucible/models/model_params.h"
 #include "crucible/models/mace/radial_spline.h"
+#include "crucible/models/spline_cache.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/cloneable.h>
@@ -141,11 +142,6 @@ class SchNetImpl : public torch::nn::Cloneable<SchNetImpl>, public EnergyModel {
   torch::nn::Linear out1_{nullptr}, out2_{nullptr};
   at::Tensor offsets_, e0_, scale_, shift_;
   at::Tensor zbl_c_, zbl_a_exp_, zbl_a_prefactor_, zbl_covalent_radii_;  // pair_repulsion: ZblParameters
-  struct SplineCache {  // filter_spline's tables and the weights (storage, version) they were built from
-    std::vector<std::shared_ptr<const mace::RadialSpline>> splines;
-    std::vector<std::vector<std::pair<const void*, int64_t>>> signatures;
-    std::mutex mutex;
-  };
   std::shared_ptr<SplineCache> spline_cache_ = std::make_shared<SplineCache>();
   std::optional<bool> filter_spline_;
 };

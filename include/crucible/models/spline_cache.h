@@ -9,8 +9,10 @@
 #include <ATen/ATen.h>
 
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,23 +41,32 @@ inline SplineSignature spline_signature(const std::vector<at::Tensor>& weights, 
   return s;
 }
 
-/// `Cache` holds `splines` (vector of shared_ptr<const RadialSpline>),
-/// `signatures` (vector of SplineSignature) and `mutex`. Layer t's table
-/// of `num_layers`: the kept one when its signature is `signature`, else
-/// build() (called under the lock) kept with it. Thread-safe; throws what
-/// build() throws.
-template <class Cache, class Build>
-std::shared_ptr<const mace::RadialSpline> cached_spline(Cache& cache, size_t t, size_t num_layers,
-                                                        const SplineSignature& signature, Build&& build) {
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  if (cache.splines.size() != num_layers) {
-    cache.splines.assign(num_layers, nullptr);
-    cache.signatures.assign(num_layers, {});
+/// Per layer, the spline table of a model's inference path and the
+/// signature of the weights it was built from. Thread-safe.
+class SplineCache {
+ public:
+  /// Layer t's table of `num_layers`: the kept one when its signature is
+  /// `signature`, else build() (called under the lock), kept with it.
+  /// @throws std::out_of_range if t >= num_layers; what build() throws.
+  std::shared_ptr<const mace::RadialSpline> get(size_t t, size_t num_layers, const SplineSignature& signature,
+                                                const std::function<mace::RadialSpline()>& build) {
+    if (t >= num_layers) throw std::out_of_range("SplineCache: layer " + std::to_string(t) + " of " +
+                                                 std::to_string(num_layers));
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (splines_.size() != num_layers) {
+      splines_.assign(num_layers, nullptr);
+      signatures_.assign(num_layers, {});
+    }
+    if (splines_[t] && signatures_[t] == signature) return splines_[t];
+    splines_[t] = std::make_shared<const mace::RadialSpline>(build());
+    signatures_[t] = signature;
+    return splines_[t];
   }
-  if (cache.splines[t] && cache.signatures[t] == signature) return cache.splines[t];
-  cache.splines[t] = std::make_shared<const mace::RadialSpline>(build());
-  cache.signatures[t] = signature;
-  return cache.splines[t];
-}
+
+ private:
+  std::vector<std::shared_ptr<const mace::RadialSpline>> splines_;
+  std::vector<SplineSignature> signatures_;
+  std::mutex mutex_;
+};
 
 }  // namespace crucible

@@ -80,8 +80,8 @@ std::shared_ptr<const mace::RadialSpline> MaceImpl::radial_spline(int64_t t) con
     };
     return mace::tabulate_radial(f, o.cutoff, 1e-9, layer);
   };
-  return cached_spline(*spline_cache_, static_cast<size_t>(t), static_cast<size_t>(options_.num_interactions),
-                       spline_signature(W, layer), build);
+  return spline_cache_->get(static_cast<size_t>(t), static_cast<size_t>(options_.num_interactions),
+                            spline_signature(W, layer), build);
 }
 
 }  // namespace crucible

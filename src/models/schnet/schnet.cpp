@@ -50,6 +50,7 @@ SchNetImpl::SchNetImpl(SchNetOptions options) : options_(options) {
 }
 
 void SchNetImpl::reset() {
+  spline_cache_ = std::make_shared<SplineCache>();  // a clone's weights are its own
   const int64_t F = options_.hidden_channels;
   const int64_t K = options_.num_filters;
   const int64_t G = options_.num_gaussians;

@@ -78,8 +78,8 @@ std::shared_ptr<const mace::RadialSpline> SchNetImpl::filter_spline(int64_t t) c
                            0.5 / (delta * delta), options_.cutoff};
     return mace::tabulate_radial(f, options_.cutoff, 1e-9, layer, mace::RadialSpline::Origin::kSmooth);
   };
-  return cached_spline(*spline_cache_, static_cast<size_t>(t), static_cast<size_t>(options_.num_interactions),
-                       spline_signature({f1->weight, f1->bias, f2->weight, f2->bias, offsets_}, layer), build);
+  return spline_cache_->get(static_cast<size_t>(t), static_cast<size_t>(options_.num_interactions),
+                            spline_signature({f1->weight, f1->bias, f2->weight, f2->bias, offsets_}, layer), build);
 }
 
 }  // namespace crucible

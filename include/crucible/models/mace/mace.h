@@ -7,6 +7,7 @@
 #include "crucible/models/filter_convolution.h"
 #include "crucible/models/mace/irreps.h"
 #include "crucible/models/mace/radial_spline.h"
+#include "crucible/models/spline_cache.h"
 #include "crucible/models/mace/symmetric_contraction.h"
 #include "crucible/models/mace/tensor_product.h"
 
@@ -247,13 +248,6 @@ class MaceImpl : public torch::nn::Cloneable<MaceImpl>, public EnergyModel {
   at::Tensor pair_repulsion(const Batch& batch, const at::Tensor& r) const;
   std::vector<std::map<std::array<int, 3>, at::Tensor>> w3j_;
   std::vector<std::pair<const void*, int64_t>> file_tables_signature_;
-  /// radial_spline(): per layer the table and the (storage, version) of the
-  /// weights and dtype it was built from.
-  struct SplineCache {
-    std::vector<std::shared_ptr<const mace::RadialSpline>> splines;
-    std::vector<std::vector<std::pair<const void*, int64_t>>> signatures;
-    std::mutex mutex;
-  };
   std::shared_ptr<SplineCache> spline_cache_ = std::make_shared<SplineCache>();
   std::optional<bool> radial_spline_;
   /// Whether a call runs the inference engine (issue 48): the chunked
