@@ -89,7 +89,7 @@ int64_t message_passing_layers(const EnergyModel& model) {
 /// than the cutoff are the edges, already sorted by receiver.
 struct PrunedCluster {
   std::vector<int64_t> atoms;        ///< [n'] the caller's index of each evaluated particle, in evaluation order.
-  NeighborList nl;                   ///< edges among them (evaluation indices, by receiver), zero shifts.
+  at::Tensor edge_index;             ///< [2,E] int64: edges among them (evaluation indices, by receiver); no shifts.
   std::vector<int64_t> layer_nodes;  ///< [L] particles within L - 1 - t hops (Batch::layer_nodes); empty = all.
   std::vector<int64_t> layer_edges;  ///< [L] edges into layer t's nodes (ClusterResult::layer_edges).
   std::vector<int64_t> layer_pairs;  ///< [L] distinct pairs among them (ClusterResult::layer_pairs).
@@ -218,27 +218,49 @@ PrunedCluster gather(const double* x, const bool* contributing, int64_t n, const
     }
     e = f;
   }
-  p.nl.edge_index = edge_index;
-  p.nl.shifts = at::zeros({m, 3}, at::kLong);
-  p.nl.shift_vectors = at::zeros({m, 3}, at::kDouble);
+  p.edge_index = edge_index;
   return p;
 }
 
-/// Energy, forces and virials of the cluster `s` with edges `nl`, the model
-/// told Batch::layer_nodes; the body of evaluate_cluster after pruning.
-ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const NeighborList& nl,
-                             const at::Tensor& contributing, const std::vector<int64_t>& layer_nodes,
-                             const ClusterOptions& options) {
-  const int64_t n = s.positions.size(0);
-  const at::Tensor& pos_cpu = s.positions;
+/// The cluster as a one-structure Batch on `device` with positions in
+/// `dtype`: positions [n,3] (float64 in), atomic_numbers [n] int64,
+/// edge_index [2,E] int64 (used as is on the CPU). No labels (inference
+/// reads none) and no shifts: a cluster's edges are r_j - r_i, so
+/// edge_vectors adds nothing and reverse_edge_pairs takes them as zero.
+/// The cell is zero and pbc false.
+Batch cluster_batch(const at::Tensor& positions, const at::Tensor& atomic_numbers, const at::Tensor& edge_index,
+                    const std::vector<int64_t>& layer_nodes, at::Device device, at::ScalarType dtype) {
+  const int64_t n = positions.size(0);
+  const auto i64 = at::TensorOptions().dtype(at::kLong).device(device);
+  Batch b;
+  b.positions = positions.to(device, dtype);
+  b.atomic_numbers = atomic_numbers.to(device);
+  b.batch = at::zeros({n}, i64);
+  b.ptr = at::tensor({int64_t{0}, n}, at::kLong).to(device);
+  b.num_atoms = at::full({1}, n, i64);
+  b.edge_index = edge_index.to(device);
+  b.cell = at::zeros({1, 3, 3}, b.positions.options());
+  b.pbc = at::zeros({1, 3}, at::TensorOptions().dtype(at::kBool).device(device));
+  b.config_types = {""};
+  b.layer_nodes = layer_nodes;
+  return b;
+}
+
+/// Energy, forces and virials of the cluster (`positions` [n,3] float64,
+/// `atomic_numbers`) with edges `edge_index`, the model told
+/// Batch::layer_nodes; the body of evaluate_cluster after pruning.
+ClusterResult evaluate_edges(EnergyModel& model, const at::Tensor& positions, const at::Tensor& atomic_numbers,
+                             const at::Tensor& edge_index, const at::Tensor& contributing,
+                             const std::vector<int64_t>& layer_nodes, const ClusterOptions& options) {
+  const int64_t n = positions.size(0);
+  const int64_t num_edges = edge_index.size(1);
+  const at::Tensor& pos_cpu = positions;
   const bool want_virial = options.virial || options.particle_virial;
 
   const auto params = model.module().parameters();
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().device();
   const at::ScalarType dtype = params.empty() ? at::kDouble : params.front().scalar_type();
-  Batch batch = collate({&s}, {&nl});
-  batch.layer_nodes = layer_nodes;
-  batch = batch.to(device, dtype);
+  Batch batch = cluster_batch(positions, atomic_numbers, edge_index, layer_nodes, device, dtype);
   const at::Tensor r = batch.positions.detach().requires_grad_(true);
   batch.positions = r;
   at::Tensor edge_grad_leaf;
@@ -246,7 +268,7 @@ ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const Neigh
     // Edge vectors are r_j - r_i + shifts · cell: with cell = 1 and zero
     // shifts as a leaf, ∂E/∂shifts is ∂E/∂r_e, the edge gradient.
     batch.cell = at::eye(3, batch.positions.options()).unsqueeze(0);
-    edge_grad_leaf = at::zeros({nl.num_edges(), 3}, batch.positions.options()).requires_grad_(true);
+    edge_grad_leaf = at::zeros({num_edges, 3}, batch.positions.options()).requires_grad_(true);
     batch.shifts = edge_grad_leaf;
   }
 
@@ -267,17 +289,17 @@ ClusterResult evaluate_edges(EnergyModel& model, const Structure& s, const Neigh
 
   ClusterResult out;
   out.evaluated_atoms = n;
-  out.evaluated_edges = nl.num_edges();
+  out.evaluated_edges = num_edges;
   out.energy = e.item<double>();
   out.forces = grads[0].defined() ? (-grads[0]).to(at::kCPU, at::kDouble).contiguous()
                                   : at::zeros({n, 3}, at::kDouble);
   if (options.particle_energy) out.particle_energy = node.detach().to(at::kCPU, at::kDouble).contiguous();
   if (want_virial) {
     const at::Tensor g = grads[1].defined() ? grads[1].to(at::kCPU, at::kDouble)
-                                            : at::zeros({nl.num_edges(), 3}, at::kDouble);
+                                            : at::zeros({num_edges, 3}, at::kDouble);
     // r_e ⊗ ∂E/∂r_e per edge (r_e = r_j - r_i: no shifts in a cluster).
     if (options.particle_virial) out.particle_virial = at::zeros({n, 6}, at::kDouble);
-    edge_virials(pos_cpu, nl.edge_index, g, options.virial ? &out.virial : nullptr,
+    edge_virials(pos_cpu, edge_index, g, options.virial ? &out.virial : nullptr,
                  options.particle_virial ? &out.particle_virial : nullptr);
   }
   return out;
@@ -327,13 +349,9 @@ ClusterResult evaluate_cluster(EnergyModel& model, const at::Tensor& positions, 
   PrunedCluster p = gather(pos_cpu.data_ptr<double>(), cp, n, neighbors, model.cutoff(),
                            message_passing_layers(model), prune, options.min_distance);
   const at::Tensor kept = at::tensor(p.atoms, at::kLong);
-  Structure s;
-  s.positions = pos_cpu.index_select(0, kept);
-  s.atomic_numbers = z_cpu.index_select(0, kept);
-  s.cell = at::zeros({3, 3}, at::kDouble);
-  s.pbc = {false, false, false};
   const ClusterResult pruned =
-      evaluate_edges(model, s, p.nl, contributing_cpu.index_select(0, kept), p.layer_nodes, options);
+      evaluate_edges(model, pos_cpu.index_select(0, kept), z_cpu.index_select(0, kept), p.edge_index,
+                     contributing_cpu.index_select(0, kept), p.layer_nodes, options);
   ClusterResult out = pruned;  // back to the caller's n particles: those left out get zeros
   out.layer_nodes = p.layer_nodes;
   out.layer_edges = p.layer_edges;

@@ -130,6 +130,12 @@ TEST_P(ClusterTest, CutOutPeriodicStructureEqualsThePeriodicPath) {
   EXPECT_LT((r.virial - expected).abs().max().item<double>(), 1e-10 * std::max(1.0, expected.abs().max().item<double>()));
   // Per-atom virials sum to the virial.
   EXPECT_LT((r.particle_virial.sum(0) - r.virial).abs().max().item<double>(), 1e-10);
+  // Without virials (no shifts leaf in the cluster's batch): the same
+  // energy and forces.
+  const ClusterResult plain = evaluate_cluster(*model, c.positions, c.atomic_numbers, c.contributing, ClusterOptions{});
+  EXPECT_NEAR(plain.energy, e_ref, kEnergyTolerance);
+  EXPECT_LT((plain.forces - r.forces).abs().max().item<double>(), 1e-12);
+  EXPECT_FALSE(plain.virial.defined());
 }
 
 TEST_P(ClusterTest, PerAtomVirialDoesNotDependOnTheOriginAndForcesSumToZero) {

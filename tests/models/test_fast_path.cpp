@@ -417,6 +417,11 @@ TEST(FastPath, ReverseEdgePairsMatchABruteForcePairingOnSortedPeriodicEdges) {
   // Zero float shifts (the KIM cluster's edge-gradient leaf): the images
   // become duplicated edges, each reverse the first of its run.
   expect_brute_force_pairing(ei, at::zeros({E, 3}, at::kFloat));
+  // Undefined shifts (the KIM cluster's batch without a virial) are zero.
+  const auto [zpair, zrep] = reverse_edge_pairs(ei, at::zeros({E, 3}, at::kLong));
+  const auto [upair, urep] = reverse_edge_pairs(ei, at::Tensor());
+  EXPECT_TRUE(at::equal(upair, zpair));
+  EXPECT_TRUE(at::equal(urep, zrep));
 }
 
 TEST(FastPath, ReverseEdgePairsAreTheSameOnOneAndTwoThreads) {
@@ -452,6 +457,11 @@ TEST(FastPath, ReverseEdgePairsMatchABruteForcePairingOnShuffledPeriodicEdges) {
   const at::Tensor sh = b.shifts.index_select(0, perm).to(at::kDouble).contiguous();
   expect_brute_force_pairing(ei, sh);
   expect_brute_force_pairing(ei, at::zeros({E, 3}, at::kDouble));
+  const auto [zpair, zrep] = reverse_edge_pairs(ei, at::zeros({E, 3}, at::kLong));
+  const auto [upair, urep] = reverse_edge_pairs(ei, at::Tensor());  // undefined = zero, unsorted edges
+  EXPECT_TRUE(at::equal(upair, zpair));
+  EXPECT_TRUE(at::equal(urep, zrep));
+  EXPECT_THROW(reverse_edge_pairs(ei, at::zeros({E + 1, 3}, at::kLong)), c10::Error);
 
   // A duplicated edge cannot pair twice: every edge still maps to a
   // representative at its own distance (itself or its reverse).

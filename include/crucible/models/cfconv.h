@@ -49,7 +49,8 @@ at::Tensor edge_product_pairs(const at::Tensor& a, const at::Tensor& b, const at
 /// Pairs of a neighbor list's edges that are each other's reverse:
 /// (i, j, S) and (j, i, -S) have the same distance, so a distance-only
 /// filter needs computing once per pair. edge_index [2,E] int64, shifts
-/// [E,3] (integer-valued, any dtype), any device. Returns (edge_pair [E]:
+/// [E,3] (integer-valued, any dtype; undefined = all zero, as in a
+/// cluster), any device. Returns (edge_pair [E]:
 /// the pair of each edge, representative [P]: the first edge of each pair,
 /// increasing), int64 on the input's device; an edge without its reverse
 /// (or a duplicated edge) is a pair alone. Computed on the CPU: edges

@@ -539,8 +539,7 @@ at::Tensor MaceImpl::atomic_energies(const Batch& batch) {
                 : mace::spherical_harmonics(sh_vec, options_.max_ell);  // [E, (max_ell+1)²]
     if (!ref) {
       // The radial weights depend on the distance only: once per edge pair.
-      const at::Tensor shifts = batch.shifts.defined() ? batch.shifts : at::zeros({batch.num_edges(), 3}, at::kLong);
-      std::tie(edge_pair, pair_rep) = reverse_edge_pairs(batch.edge_index, shifts);
+      std::tie(edge_pair, pair_rep) = reverse_edge_pairs(batch.edge_index, batch.shifts);
       r = r.index_select(0, pair_rep);
       if (splined) pair_r = r.unsqueeze(1);
     }

@@ -408,9 +408,10 @@ void find_reverse(const int64_t* src, const int64_t* dst, int64_t E, const std::
 
 std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_index,
                                                      const at::Tensor& shifts) {
-  TORCH_CHECK(edge_index.dim() == 2 && edge_index.size(0) == 2 && shifts.dim() == 2 &&
-                  shifts.size(1) == 3 && shifts.size(0) == edge_index.size(1),
-              "reverse_edge_pairs: edge_index [2,E] and shifts [E,3] expected");
+  TORCH_CHECK(edge_index.dim() == 2 && edge_index.size(0) == 2 &&
+                  (!shifts.defined() ||
+                   (shifts.dim() == 2 && shifts.size(1) == 3 && shifts.size(0) == edge_index.size(1))),
+              "reverse_edge_pairs: edge_index [2,E] and shifts [E,3] (or undefined: zero) expected");
   const at::Tensor ei = edge_index.to(at::kCPU, at::kLong).contiguous();
   const int64_t E = ei.size(1);
   const int64_t* src = ei.data_ptr<int64_t>();
@@ -437,11 +438,11 @@ std::pair<at::Tensor, at::Tensor> reverse_edge_pairs(const at::Tensor& edge_inde
   bool ascending = order.empty();  // each source's destinations ascending (the cursor search)
   for (int64_t e = 1; e < E && ascending; ++e) ascending = src[e] != src[e - 1] || dst[e] >= dst[e - 1];
   std::vector<int64_t> reverse(static_cast<size_t>(E));
-  // Zero shifts (a cluster: KIM's, whose edge-gradient leaf is float)
-  // compare equal by construction; others as int64 (rounded where they are
-  // floating point, as at::round: they are integer-valued).
-  const at::Tensor sh = shifts.detach().to(at::kCPU);
-  if (!at::is_floating_point(sh) || sh.ne(0).any().item<bool>()) {
+  // Zero shifts (a cluster: KIM's, undefined, or its float edge-gradient
+  // leaf) compare equal by construction; others as int64 (rounded where
+  // they are floating point, as at::round: they are integer-valued).
+  const at::Tensor sh = shifts.defined() ? shifts.detach().to(at::kCPU) : at::Tensor();
+  if (sh.defined() && (!at::is_floating_point(sh) || sh.ne(0).any().item<bool>())) {
     const at::Tensor s64 =
         sh.scalar_type() == at::kLong ? sh.contiguous() : sh.to(at::kDouble).round().to(at::kLong).contiguous();
     const int64_t* s = s64.data_ptr<int64_t>();

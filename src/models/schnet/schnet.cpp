@@ -124,10 +124,7 @@ at::Tensor SchNetImpl::atomic_energies(const Batch& batch) {
     if (!ref) {
       // Fast path: the filter depends on the distance only, which an edge
       // shares with its reverse; compute it once per pair (P ≈ E/2 rows).
-      const at::Tensor shifts = batch.shifts.defined()
-                                    ? batch.shifts
-                                    : at::zeros({batch.num_edges(), 3}, at::kLong);
-      std::tie(edge_pair, pair_rep) = reverse_edge_pairs(batch.edge_index, shifts);
+      std::tie(edge_pair, pair_rep) = reverse_edge_pairs(batch.edge_index, batch.shifts);
       d = d.index_select(0, pair_rep);                           // [P]
       const int64_t P = d.size(0), padded = gemm_row_bucket(P);
       if (pad_pairs && padded > P) d = at::constant_pad_nd(d, {0, padded - P}, rc);  // rows no edge reads
