@@ -70,12 +70,31 @@ std::pair<at::Tensor, at::Tensor> compact_pairs(const at::Tensor& edge_pair, int
   return {at::tensor(used, at::kLong).to(dev), inverse.to(dev)};
 }
 
+int64_t first_seen_pairs(const at::Tensor& edge_pair, int64_t edges) {
+  const at::Tensor ep = edge_pair.slice(0, 0, edges).to(at::kCPU, at::kLong).contiguous();
+  const int64_t* p = ep.data_ptr<int64_t>();
+  int64_t next = 0;  // the number of pairs seen so far
+  for (int64_t e = 0; e < edges; ++e) {
+    if (p[e] == next) {
+      ++next;
+    } else if (p[e] < 0 || p[e] > next) {
+      return -1;
+    }
+  }
+  return next;
+}
+
 void LayerPairs::update(const at::Tensor& edge_pair, int64_t num_pairs, const at::Tensor& edge_index,
                         const at::Tensor& pair_values, int64_t edges) {
   if (for_edges == edges) return;
   if (edges == edge_pair.size(0)) {
     this->edges = group_edges_by_pair(edge_pair, num_pairs, edge_index);
     values = pair_values;
+  } else if (const int64_t prefix = first_seen_pairs(edge_pair, edges); prefix >= 0) {
+    // Pairs numbered by their first edges (reverse_edge_pairs): the first
+    // `edges` edges use exactly pairs [0, prefix), already compact.
+    this->edges = group_edges_by_pair(edge_pair.slice(0, 0, edges), prefix, edge_index.slice(1, 0, edges));
+    values = pair_values.slice(0, 0, prefix);
   } else {
     const auto [used, local] = compact_pairs(edge_pair, edges);
     this->edges = group_edges_by_pair(local, used.size(0), edge_index.slice(1, 0, edges));

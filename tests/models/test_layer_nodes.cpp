@@ -3,6 +3,7 @@
 // computation, on the training path and on the inference path; and bad
 // layer_nodes are refused (crucible/models/layer_nodes.h). Float64.
 
+#include "crucible/models/cfconv.h"
 #include "crucible/models/layer_nodes.h"
 #include "crucible/models/mace/mace.h"
 #include "crucible/models/schnet.h"
@@ -129,6 +130,27 @@ TEST(LayerNodes, CompactPairsEqualsTorchUniqueOverTheLeadingEdges) {
     EXPECT_TRUE(at::equal(local, want_local.to(at::kLong))) << edges;
   }
   EXPECT_THROW(compact_pairs(at::tensor({0, -1}, at::kLong), 2), std::invalid_argument);
+}
+
+TEST(LayerNodes, PairsNumberedByFirstEdgeAreALeadingRangeOfEveryPrefix) {
+  // reverse_edge_pairs' numbering on a periodic structure's edges: each
+  // prefix uses pairs [0, P'), which compact_pairs (the oracle above)
+  // confirms as the identity.
+  const Batch b = testing::make_batch({testing::random_periodic(7, {22, 13}, 11)}, 4.0);
+  const at::Tensor edge_pair = reverse_edge_pairs(b.edge_index, b.shifts).first;
+  const int64_t E = edge_pair.size(0);
+  for (const int64_t edges : {E, E / 2, E / 3 + 1, int64_t{1}, int64_t{0}}) {
+    const int64_t prefix = first_seen_pairs(edge_pair, edges);
+    const auto [used, local] = compact_pairs(edge_pair, edges);
+    EXPECT_EQ(prefix, used.size(0)) << edges;
+    EXPECT_TRUE(at::equal(used, at::arange(prefix, at::kLong))) << edges;
+    EXPECT_TRUE(at::equal(local, edge_pair.slice(0, 0, edges))) << edges;
+  }
+  // Other numberings are left to compact_pairs.
+  EXPECT_EQ(first_seen_pairs(at::tensor({1, 0}, at::kLong), 2), -1);
+  EXPECT_EQ(first_seen_pairs(at::tensor({0, 2, 1}, at::kLong), 3), -1);
+  EXPECT_EQ(first_seen_pairs(at::tensor({0, -1}, at::kLong), 2), -1);
+  EXPECT_EQ(first_seen_pairs(at::tensor({0, 0, 1, 0, 2, 1}, at::kLong), 6), 3);
 }
 
 }  // namespace

@@ -38,6 +38,13 @@ std::vector<LayerExtent> layer_extents(const Batch& batch, int64_t num_layers);
 /// @throws std::invalid_argument on a negative pair index.
 std::pair<at::Tensor, at::Tensor> compact_pairs(const at::Tensor& edge_pair, int64_t edges);
 
+/// The number of pairs P' that the first `edges` edges of `edge_pair` ([E]
+/// int64) use when these are numbered in the order of their first edges
+/// (each index is at most one above all before it, as reverse_edge_pairs
+/// numbers them): they are then pairs [0, P'). -1 where the numbering is
+/// otherwise (compact_pairs applies). O(edges) on the CPU.
+int64_t first_seen_pairs(const at::Tensor& edge_pair, int64_t edges);
+
 /// The inference path's pair grouping of one layer, kept across layers
 /// while their edge counts agree.
 struct LayerPairs {
@@ -48,7 +55,8 @@ struct LayerPairs {
   /// Regroups for the first `edges` edges of `edge_index` [2,E] (pairs
   /// `edge_pair` [E] of `num_pairs`), with `pair_values` [P, ...] (pair
   /// distances or radial features) cut to the pairs used, unless it is
-  /// already for that count.
+  /// already for that count. Pairs numbered by first edge
+  /// (first_seen_pairs) are cut as a leading slice, without a copy.
   void update(const at::Tensor& edge_pair, int64_t num_pairs, const at::Tensor& edge_index,
               const at::Tensor& pair_values, int64_t edges);
 };
