@@ -84,21 +84,62 @@ int64_t first_seen_pairs(const at::Tensor& edge_pair, int64_t edges) {
   return next;
 }
 
+PairEdges leading_pair_edges(const PairEdges& g, int64_t edges, int64_t pairs) {
+  const int64_t* off = g.offsets.data_ptr<int64_t>();
+  const int64_t* order = g.order.data_ptr<int64_t>();
+  at::Tensor offsets = at::empty({pairs + 1}, at::kLong);
+  at::Tensor kept = at::empty({edges}, at::kLong);
+  int64_t* o = offsets.data_ptr<int64_t>();
+  int64_t* k = kept.data_ptr<int64_t>();
+  int64_t m = 0;
+  o[0] = 0;
+  for (int64_t p = 0; p < pairs; ++p) {
+    for (int64_t q = off[p]; q < off[p + 1]; ++q) {
+      const int64_t e = order[q];
+      if (e < edges) {
+        if (m < edges) k[m] = e;  // more than `edges` of them (a malformed g): refused below
+        ++m;
+      }
+    }
+    o[p + 1] = m;
+  }
+  if (m != edges) {
+    throw std::invalid_argument("leading_pair_edges: the first " + std::to_string(edges) + " edges are not all in the first " +
+                                std::to_string(pairs) + " pairs (pairs not numbered by first edge)");
+  }
+  PairEdges out;
+  out.edge_pair = g.edge_pair.slice(0, 0, edges);
+  out.order = kept;
+  out.offsets = offsets;
+  out.receiver = g.receiver.slice(0, 0, edges);
+  out.sender = g.sender.slice(0, 0, edges);
+  return out;
+}
+
 void LayerPairs::update(const at::Tensor& edge_pair, int64_t num_pairs, const at::Tensor& edge_index,
                         const at::Tensor& pair_values, int64_t edges) {
   if (for_edges == edges) return;
+  const bool on_cpu = edge_pair.device().is_cpu() && edge_index.device().is_cpu();
   if (edges == edge_pair.size(0)) {
     this->edges = group_edges_by_pair(edge_pair, num_pairs, edge_index);
     values = pair_values;
+    first_seen = on_cpu && first_seen_pairs(edge_pair, edges) >= 0;
   } else if (const int64_t prefix = first_seen_pairs(edge_pair, edges); prefix >= 0) {
     // Pairs numbered by their first edges (reverse_edge_pairs): the first
-    // `edges` edges use exactly pairs [0, prefix), already compact.
-    this->edges = group_edges_by_pair(edge_pair.slice(0, 0, edges), prefix, edge_index.slice(1, 0, edges));
+    // `edges` edges use exactly pairs [0, prefix), already compact; a
+    // grouping of more of these edges is cut to them.
+    if (first_seen && for_edges > edges && on_cpu) {
+      this->edges = leading_pair_edges(this->edges, edges, prefix);
+    } else {
+      this->edges = group_edges_by_pair(edge_pair.slice(0, 0, edges), prefix, edge_index.slice(1, 0, edges));
+    }
     values = pair_values.slice(0, 0, prefix);
+    first_seen = on_cpu;
   } else {
     const auto [used, local] = compact_pairs(edge_pair, edges);
     this->edges = group_edges_by_pair(local, used.size(0), edge_index.slice(1, 0, edges));
     values = pair_values.index_select(0, used);
+    first_seen = false;
   }
   for_edges = edges;
 }

@@ -132,6 +132,25 @@ TEST(LayerNodes, CompactPairsEqualsTorchUniqueOverTheLeadingEdges) {
   EXPECT_THROW(compact_pairs(at::tensor({0, -1}, at::kLong), 2), std::invalid_argument);
 }
 
+TEST(LayerNodes, GroupEdgesByPairIsAStableSortByPair) {
+  // Oracle: at::sort (stable) of the pair indices and the cumulative
+  // bincount, with pairs that no edge uses.
+  at::manual_seed(4);
+  const int64_t E = 300, P = 90;
+  const at::Tensor edge_pair = at::randint(0, P, {E}, at::kLong);
+  const at::Tensor edge_index = at::randint(0, 50, {2, E}, at::kLong);
+  const PairEdges g = group_edges_by_pair(edge_pair, P, edge_index);
+  const at::Tensor want_order = std::get<1>(edge_pair.sort(/*stable=*/true, 0, false));
+  const at::Tensor want_offsets = at::cat({at::zeros({1}, at::kLong), at::bincount(edge_pair, {}, P).cumsum(0)});
+  EXPECT_TRUE(at::equal(g.order, want_order));
+  EXPECT_TRUE(at::equal(g.offsets, want_offsets));
+  EXPECT_TRUE(at::equal(g.receiver, edge_index[0]));
+  EXPECT_TRUE(at::equal(g.sender, edge_index[1]));
+  EXPECT_GT(P - std::get<0>(at::_unique(edge_pair)).size(0), 0);  // some pairs are empty
+  EXPECT_THROW(group_edges_by_pair(edge_pair, P - 1, edge_index), c10::Error);
+  EXPECT_THROW(group_edges_by_pair(-edge_pair - 1, P, edge_index), c10::Error);
+}
+
 TEST(LayerNodes, PairsNumberedByFirstEdgeAreALeadingRangeOfEveryPrefix) {
   // reverse_edge_pairs' numbering on a periodic structure's edges: each
   // prefix uses pairs [0, P'), which compact_pairs (the oracle above)
@@ -146,6 +165,19 @@ TEST(LayerNodes, PairsNumberedByFirstEdgeAreALeadingRangeOfEveryPrefix) {
     EXPECT_TRUE(at::equal(used, at::arange(prefix, at::kLong))) << edges;
     EXPECT_TRUE(at::equal(local, edge_pair.slice(0, 0, edges))) << edges;
   }
+  // The grouping of all edges cut to each prefix equals the prefix's own.
+  const PairEdges all = group_edges_by_pair(edge_pair, first_seen_pairs(edge_pair, E), b.edge_index);
+  for (const int64_t edges : {E, E / 2, E / 3 + 1, int64_t{1}, int64_t{0}}) {
+    const int64_t prefix = first_seen_pairs(edge_pair, edges);
+    const PairEdges want = group_edges_by_pair(edge_pair.slice(0, 0, edges), prefix, b.edge_index.slice(1, 0, edges));
+    const PairEdges got = leading_pair_edges(all, edges, prefix);
+    EXPECT_TRUE(at::equal(got.order, want.order)) << edges;
+    EXPECT_TRUE(at::equal(got.offsets, want.offsets)) << edges;
+    EXPECT_TRUE(at::equal(got.edge_pair, want.edge_pair)) << edges;
+    EXPECT_TRUE(at::equal(got.receiver, want.receiver)) << edges;
+    EXPECT_TRUE(at::equal(got.sender, want.sender)) << edges;
+  }
+  EXPECT_THROW(leading_pair_edges(all, E / 2, first_seen_pairs(edge_pair, E / 2) - 1), std::invalid_argument);
   // Other numberings are left to compact_pairs.
   EXPECT_EQ(first_seen_pairs(at::tensor({1, 0}, at::kLong), 2), -1);
   EXPECT_EQ(first_seen_pairs(at::tensor({0, 2, 1}, at::kLong), 3), -1);

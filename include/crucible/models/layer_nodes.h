@@ -45,18 +45,28 @@ std::pair<at::Tensor, at::Tensor> compact_pairs(const at::Tensor& edge_pair, int
 /// otherwise (compact_pairs applies). O(edges) on the CPU.
 int64_t first_seen_pairs(const at::Tensor& edge_pair, int64_t edges);
 
+/// `g` (group_edges_by_pair of some edges, on the CPU) cut to the first
+/// `edges` of them and the first `pairs` pairs, where those edges use
+/// exactly pairs [0, pairs) (first_seen_pairs): one pass over g's order
+/// up to pair `pairs`, keeping edges below `edges`; no sort.
+/// @throws std::invalid_argument if an edge below `edges` is in a pair at
+///         or above `pairs` (the numbering is not by first edge).
+PairEdges leading_pair_edges(const PairEdges& g, int64_t edges, int64_t pairs);
+
 /// The inference path's pair grouping of one layer, kept across layers
 /// while their edge counts agree.
 struct LayerPairs {
   PairEdges edges;      ///< group_edges_by_pair of the layer's edges.
   at::Tensor values;    ///< the rows of the per-pair tensor `edges` indexes ([P', ...]).
   int64_t for_edges = -1;  ///< the edge count it was made for; -1 = none yet.
+  bool first_seen = false; ///< whether `edges` numbers its pairs by first edge.
 
   /// Regroups for the first `edges` edges of `edge_index` [2,E] (pairs
   /// `edge_pair` [E] of `num_pairs`), with `pair_values` [P, ...] (pair
   /// distances or radial features) cut to the pairs used, unless it is
   /// already for that count. Pairs numbered by first edge
-  /// (first_seen_pairs) are cut as a leading slice, without a copy.
+  /// (first_seen_pairs) are cut as a leading slice, without a copy, and
+  /// a grouping for more edges is cut (leading_pair_edges), not redone.
   void update(const at::Tensor& edge_pair, int64_t num_pairs, const at::Tensor& edge_index,
               const at::Tensor& pair_values, int64_t edges);
 };

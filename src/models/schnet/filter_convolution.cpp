@@ -5,7 +5,6 @@
 #include "crucible/models/chunk_parallel.h"
 #include "crucible/models/shifted_softplus.h"
 #include "crucible/models/mace/radial_spline.h"
-#include "crucible/neighbors/counting_sort.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -197,15 +196,24 @@ PairEdges group_edges_by_pair(const at::Tensor& edge_pair, int64_t num_pairs, co
   TORCH_CHECK(edge_pair.dim() == 1 && edge_index.dim() == 2 && edge_index.size(0) == 2 &&
                   edge_index.size(1) == edge_pair.size(0),
               "group_edges_by_pair: edge_pair [E] and edge_index [2,E] expected");
+  TORCH_CHECK(num_pairs >= 0, "group_edges_by_pair: num_pairs must be >= 0");
   const at::Tensor ep = edge_pair.to(at::kCPU, at::kLong).contiguous();
   const int64_t E = ep.size(0);
   const int64_t* p = ep.data_ptr<int64_t>();
+  // A counting sort written into the result tensors: counts at off[k + 2],
+  // their prefix sums, then each edge placed at off[k + 1]++, which leaves
+  // off[k] = the first edge of pair k (no copies of intermediate vectors).
+  at::Tensor offsets = at::zeros({num_pairs + 2}, at::kLong);
+  int64_t* off = offsets.data_ptr<int64_t>();
   for (int64_t e = 0; e < E; ++e) {
     TORCH_CHECK(p[e] >= 0 && p[e] < num_pairs, "group_edges_by_pair: pair index out of range");
+    ++off[p[e] + 2];
   }
-  const KeyGroups by_pair = counting_sort(p, E, num_pairs);
-  at::Tensor offsets = at::tensor(by_pair.offsets, at::kLong).view({num_pairs + 1});
-  at::Tensor order = at::tensor(by_pair.order, at::kLong).view({E});
+  for (int64_t k = 2; k < num_pairs + 2; ++k) off[k] += off[k - 1];
+  at::Tensor order = at::empty({E}, at::kLong);
+  int64_t* o = order.data_ptr<int64_t>();
+  for (int64_t e = 0; e < E; ++e) o[off[p[e] + 1]++] = e;
+  offsets = offsets.narrow(0, 0, num_pairs + 1);
   const auto dev = edge_index.device();
   PairEdges g;
   g.edge_pair = ep.to(dev);
