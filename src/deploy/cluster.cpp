@@ -286,7 +286,6 @@ ClusterResult evaluate_edges(EnergyModel& model, const at::Tensor& positions, co
                              const std::vector<int64_t>& layer_nodes, const ClusterOptions& options) {
   const int64_t n = positions.size(0);
   const int64_t num_edges = edge_index.size(1);
-  const at::Tensor& pos_cpu = positions;
   const bool want_virial = options.virial || options.particle_virial;
 
   const auto params = model.module().parameters();
@@ -331,7 +330,7 @@ ClusterResult evaluate_edges(EnergyModel& model, const at::Tensor& positions, co
                                             : at::zeros({num_edges, 3}, at::kDouble);
     // r_e ⊗ ∂E/∂r_e per edge (r_e = r_j - r_i: no shifts in a cluster).
     if (options.particle_virial) out.particle_virial = at::zeros({n, 6}, at::kDouble);
-    edge_virials(pos_cpu, edge_index, g, options.virial ? &out.virial : nullptr,
+    edge_virials(positions, edge_index, g, options.virial ? &out.virial : nullptr,
                  options.particle_virial ? &out.particle_virial : nullptr);
   }
   return out;

@@ -123,7 +123,7 @@ void LayerPairs::update(const at::Tensor& edge_pair, int64_t num_pairs, const at
   if (edges == edge_pair.size(0)) {
     this->edges = group_edges_by_pair(edge_pair, num_pairs, edge_index);
     values = pair_values;
-    first_seen = on_cpu && first_seen_pairs(edge_pair, edges) >= 0;
+    first_seen = on_cpu;  // the own numbering; a prefix is checked before a cut
   } else if (const int64_t prefix = first_seen_pairs(edge_pair, edges); prefix >= 0) {
     // Pairs numbered by their first edges (reverse_edge_pairs): the first
     // `edges` edges use exactly pairs [0, prefix), already compact; a

@@ -3,30 +3,41 @@
 #include "crucible/neighbors/counting_sort.h"
 #include "../simd_clones.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
 namespace crucible {
 
-KeyGroups counting_sort(const int64_t* keys, int64_t n, int64_t num_keys) {
+int64_t counting_sort(const int64_t* keys, int64_t n, int64_t num_keys, int64_t* offsets, int64_t* order) {
   if (n < 0 || num_keys < 0) throw std::invalid_argument("counting_sort: n and num_keys must be >= 0");
-  KeyGroups g;
-  g.offsets.assign(static_cast<size_t>(num_keys + 1), 0);
+  // Counts at offsets[k + 2], their prefix sums, then each item placed at
+  // offsets[k + 1]++: that leaves offsets[k] = the first item of key k.
+  std::fill(offsets, offsets + num_keys + 2, int64_t{0});
   for (int64_t i = 0; i < n; ++i) {
     const int64_t k = keys[i];
     if (k >= num_keys) {
       throw std::invalid_argument("counting_sort: item " + std::to_string(i) + " has key " + std::to_string(k) +
                                   ", expected a key below " + std::to_string(num_keys));
     }
-    if (k >= 0) ++g.offsets[static_cast<size_t>(k + 1)];
+    if (k >= 0) ++offsets[k + 2];
   }
-  for (int64_t k = 0; k < num_keys; ++k) g.offsets[static_cast<size_t>(k + 1)] += g.offsets[static_cast<size_t>(k)];
-  g.order.resize(static_cast<size_t>(g.offsets.back()));
-  std::vector<int64_t> next(g.offsets.begin(), g.offsets.end() - 1);
+  for (int64_t k = 2; k < num_keys + 2; ++k) offsets[k] += offsets[k - 1];
   for (int64_t i = 0; i < n; ++i) {
     const int64_t k = keys[i];
-    if (k >= 0) g.order[static_cast<size_t>(next[static_cast<size_t>(k)]++)] = i;
+    if (k >= 0) order[offsets[k + 1]++] = i;
   }
+  return offsets[num_keys];
+}
+
+KeyGroups counting_sort(const int64_t* keys, int64_t n, int64_t num_keys) {
+  if (n < 0 || num_keys < 0) throw std::invalid_argument("counting_sort: n and num_keys must be >= 0");
+  KeyGroups g;
+  g.offsets.resize(static_cast<size_t>(num_keys + 2));
+  g.order.resize(static_cast<size_t>(n));
+  const int64_t kept = counting_sort(keys, n, num_keys, g.offsets.data(), g.order.data());
+  g.offsets.pop_back();
+  g.order.resize(static_cast<size_t>(kept));
   return g;
 }
 

@@ -18,7 +18,7 @@ namespace {
 using namespace crucible::testing;
 namespace fs = std::filesystem;
 
-constexpr long kMaxRssKib = 1024 * 1024;
+constexpr long kLimitsMaxRssKib = 1024 * 1024;
 
 class Limits : public ::testing::Test {
  protected:
@@ -45,7 +45,7 @@ class Limits : public ::testing::Test {
     EXPECT_EQ(line.rfind("crucible: error: ", 0), 0u) << line;
     EXPECT_NE(line.find(needle), std::string::npos) << line;
     EXPECT_LT(seconds, 5.0);
-    EXPECT_LT(o.max_rss_kib, kMaxRssKib);
+    EXPECT_LT(o.max_rss_kib, kLimitsMaxRssKib);
     EXPECT_FALSE(fs::exists(run));
   }
   fs::path dir_;

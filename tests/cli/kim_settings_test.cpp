@@ -25,7 +25,7 @@ std::string write(const std::string& name, const std::string& text) {
   return path;
 }
 
-std::string error_of(const std::string& path) {
+std::string kim_error_of(const std::string& path) {
   try {
     read_kim_settings(path);
   } catch (const DataError& e) {
@@ -59,18 +59,18 @@ TEST(KimSettings, WrittenSettingsReadBack) {
 
 TEST(KimSettings, BadFilesNameTheFileAndWhatWasExpected) {
   const std::string unknown = write("unknown.json", R"({"dtype": "float32", "precision": "high"})");
-  EXPECT_EQ(error_of(unknown), unknown + ": unknown key 'precision' (known: dtype)");
+  EXPECT_EQ(kim_error_of(unknown), unknown + ": unknown key 'precision' (known: dtype)");
   const std::string bad = write("bad.json", R"({"dtype": "float16"})");
-  EXPECT_EQ(error_of(bad), bad + ": dtype: expected float32 or float64, got 'float16'");
+  EXPECT_EQ(kim_error_of(bad), bad + ": dtype: expected float32 or float64, got 'float16'");
   const std::string number = write("number.json", R"({"dtype": 32})");
-  EXPECT_EQ(error_of(number), number + ": dtype must be \"float64\" or \"float32\"");
+  EXPECT_EQ(kim_error_of(number), number + ": dtype must be \"float64\" or \"float32\"");
   const std::string list = write("list.json", R"(["float32"])");
-  EXPECT_NE(error_of(list).find(list + ": expected a JSON object"), std::string::npos);
+  EXPECT_NE(kim_error_of(list).find(list + ": expected a JSON object"), std::string::npos);
   const std::string broken = write("broken.json", R"({"dtype": )");
-  EXPECT_NE(error_of(broken).find(broken + ": not valid JSON"), std::string::npos);
+  EXPECT_NE(kim_error_of(broken).find(broken + ": not valid JSON"), std::string::npos);
   const std::string missing = (fs::temp_directory_path() / "crucible_kim_settings_test" / "absent.json").string();
   fs::remove(missing);
-  EXPECT_EQ(error_of(missing), missing + ": cannot read the KIM model's settings");
+  EXPECT_EQ(kim_error_of(missing), missing + ": cannot read the KIM model's settings");
 }
 
 }  // namespace

@@ -16,7 +16,7 @@
 namespace crucible {
 namespace {
 
-std::string error_of(const std::vector<std::string>& overrides) {
+std::string recipe_error_of(const std::vector<std::string>& overrides) {
   try {
     validate_config(load_run_config("", overrides));
   } catch (const ConfigError& e) {
@@ -73,7 +73,7 @@ TEST(MaceRecipe, TheUsersLayersWinAndTheRecipeSetsWhatKeepsItsDefault) {
   // the schedule off does not ask the user to reset them.
   EXPECT_NO_THROW(validate_config(c));
   // Outside the recipe, a plateau option with another schedule is still refused.
-  EXPECT_NE(error_of({"model.type=mace", "training.scheduler.name=constant",
+  EXPECT_NE(recipe_error_of({"model.type=mace", "training.scheduler.name=constant",
                       "training.scheduler.factor=0.5"})
                 .find("training.scheduler.factor is used only by the plateau schedule"),
             std::string::npos);
@@ -114,13 +114,13 @@ TEST(MaceRecipe, StageTwoStartsAtMacesDefaultEpochAndFoldsIntoTheLoss) {
 }
 
 TEST(MaceRecipe, StageTwoSettingsAreChecked) {
-  EXPECT_EQ(error_of({"model.type=mace", "training.num_epochs=10", "training.stage_two.start_epoch=10"}),
+  EXPECT_EQ(recipe_error_of({"model.type=mace", "training.num_epochs=10", "training.stage_two.start_epoch=10"}),
             "training.stage_two.start_epoch must be < training.num_epochs (10), got 10; stage two "
             "would never start");
-  EXPECT_EQ(error_of({"model.type=mace", "training.loss.schedule=linear"}),
+  EXPECT_EQ(recipe_error_of({"model.type=mace", "training.loss.schedule=linear"}),
             "training.stage_two sets the loss weights from its start epoch, so "
             "training.loss.schedule must be constant, got 'linear'; use one of the two");
-  EXPECT_EQ(error_of({"training.stage_two.lr=0.01"}),
+  EXPECT_EQ(recipe_error_of({"training.stage_two.lr=0.01"}),
             "training.stage_two.lr is used only by stage two; set training.stage_two.enabled=true, "
             "or keep its default");
   // With num_steps the default start needs the run's epochs (from the data).
@@ -128,12 +128,12 @@ TEST(MaceRecipe, StageTwoSettingsAreChecked) {
   EXPECT_NO_THROW(validate_config(steps));
   EXPECT_THROW((void)stage_two_start_epoch(steps.training), ConfigError);
   EXPECT_EQ(stage_two_start_epoch(steps.training, 9), 6);
-  EXPECT_EQ(error_of({"model.type=mace", "training.num_steps=100", "training.stage_two.start_epoch=2"}), "");
-  EXPECT_EQ(error_of({"model.init_from=somewhere", "model.shift=zero"}),
+  EXPECT_EQ(recipe_error_of({"model.type=mace", "training.num_steps=100", "training.stage_two.start_epoch=2"}), "");
+  EXPECT_EQ(recipe_error_of({"model.init_from=somewhere", "model.shift=zero"}),
             "model.shift must keep its default with model.init_from: the source model's energy "
             "scale and shift are kept");
   // With model.type mace, zero is the default, so init_from accepts it.
-  EXPECT_EQ(error_of({"model.type=mace", "model.init_from=somewhere"}), "");
+  EXPECT_EQ(recipe_error_of({"model.type=mace", "model.init_from=somewhere"}), "");
 }
 
 TEST(MaceRecipe, MacesArgumentNamesAreRefusedWithTheCrucibleKey) {

@@ -28,7 +28,7 @@ using json = nlohmann::json;
 namespace crucible {
 namespace {
 
-fs::path temp_dir(const std::string& name) {
+fs::path metrics_temp_dir(const std::string& name) {
   fs::path p = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
@@ -42,7 +42,7 @@ std::string read_text(const fs::path& p) {
   return ss.str();
 }
 
-size_t count(const std::string& text, const std::string& what) {
+size_t count_occurrences(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + what.size())) ++n;
   return n;
@@ -170,7 +170,7 @@ TEST(ProgressBar, TtyRedrawsInPlaceAndNonTtyPrintsNothingInARealRun) {
 
   const std::string text = tty_text.str();
   EXPECT_EQ(bar->redraws(), 9) << text;  // min_redraw_seconds 0: every batch
-  EXPECT_EQ(count(text, "\r"), 9u) << text;
+  EXPECT_EQ(count_occurrences(text, "\r"), 9u) << text;
   EXPECT_NE(text.find("\repoch 1/3 ["), std::string::npos) << text;
   EXPECT_NE(text.find("\repoch 3/3 ["), std::string::npos) << text;
   // The fake clock advances 0.25 s per event: 4 batches/s, 2 structures each.
@@ -243,7 +243,7 @@ TEST(ProgressBar, RedrawsAreThrottledByTheClock) {
       EXPECT_GE(hook.redraws(), 2) << text;
       EXPECT_LE(hook.redraws(), 7) << text;
     }
-    EXPECT_EQ(count(text, "\n"), 1u) << text;  // one epoch line, finished once
+    EXPECT_EQ(count_occurrences(text, "\n"), 1u) << text;  // one epoch line, finished once
     EXPECT_NE(text.find("epoch    1 ["), std::string::npos) << text;  // no total: no "/N"
     EXPECT_EQ(text.find("(run"), std::string::npos) << text;            // no run ETA
     EXPECT_NE(text.find("20/20"), std::string::npos) << text;
@@ -260,9 +260,9 @@ TEST(ProgressBar, ExitFinishesAnOpenLine) {
   TrainContext ctx = batch_ctx(1, 0.5);
   hook(ctx, TrainingStage::AFTER_BATCH);
   EXPECT_EQ(out.str().front(), '\r');
-  EXPECT_EQ(count(out.str(), "\n"), 0u);
+  EXPECT_EQ(count_occurrences(out.str(), "\n"), 0u);
   hook.exit(true);
-  EXPECT_EQ(count(out.str(), "\n"), 1u);
+  EXPECT_EQ(count_occurrences(out.str(), "\n"), 1u);
   EXPECT_EQ(out.str().back(), '\n');
 }
 
@@ -284,7 +284,7 @@ TEST(MetricsJsonl, RejectsBadArgumentsAndUncreatableFiles) {
 
 TEST(MetricsJsonl, LinesMatchTheRunAndTheCurveIsWritten) {
   TinyRun run(3);
-  const fs::path dir = temp_dir("crucible_metrics_jsonl_test");
+  const fs::path dir = metrics_temp_dir("crucible_metrics_jsonl_test");
   MetricsJsonlOptions mo;
   mo.log_every_n_steps = 2;
   mo.learning_curve_path = (dir / "learning_curve.svg").string();
@@ -358,8 +358,8 @@ TEST(MetricsJsonl, LinesMatchTheRunAndTheCurveIsWritten) {
   const std::string svg = read_text(dir / "learning_curve.svg");
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
-  EXPECT_EQ(count(svg, "<polyline"), 3u) << svg;
-  EXPECT_EQ(count(svg, "<svg"), 1u);
+  EXPECT_EQ(count_occurrences(svg, "<polyline"), 3u) << svg;
+  EXPECT_EQ(count_occurrences(svg, "<svg"), 1u);
   for (const char* text : {"optimizer step", "training loss", "validation MAE", "train loss",
                            "energy MAE (meV/atom)", "force MAE (meV/Å)"}) {
     EXPECT_NE(svg.find(text), std::string::npos) << text;
@@ -373,7 +373,7 @@ TEST(MetricsJsonl, LinesMatchTheRunAndTheCurveIsWritten) {
 
 TEST(LearningCurve, IsWrittenWhenTheRunThrowsMidway) {
   TinyRun run(3);
-  const fs::path dir = temp_dir("crucible_learning_curve_crash_test");
+  const fs::path dir = metrics_temp_dir("crucible_learning_curve_crash_test");
   MetricsJsonlOptions mo;
   mo.log_every_n_steps = 2;
   mo.learning_curve_path = (dir / "learning_curve.svg").string();
@@ -398,7 +398,7 @@ TEST(LearningCurve, IsWrittenWhenTheRunThrowsMidway) {
   const std::string svg = read_text(dir / "learning_curve.svg");
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
-  EXPECT_EQ(count(svg, "<polyline"), 3u) << svg;
+  EXPECT_EQ(count_occurrences(svg, "<polyline"), 3u) << svg;
   fs::remove_all(dir);
 }
 
@@ -411,8 +411,8 @@ TEST(LearningCurve, SkipsNonPositiveValuesAndRendersSinglePoints) {
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
   // Train loss: one plottable point; forces: one; energy: none.
-  EXPECT_EQ(count(svg, "<polyline"), 2u) << svg;
-  EXPECT_EQ(count(svg, "<circle"), 2u) << svg;  // single points get a visible marker
+  EXPECT_EQ(count_occurrences(svg, "<polyline"), 2u) << svg;
+  EXPECT_EQ(count_occurrences(svg, "<circle"), 2u) << svg;  // single points get a visible marker
   EXPECT_NE(svg.find("energy MAE (meV/atom) (no data)"), std::string::npos) << svg;
   EXPECT_EQ(svg.find("nan"), std::string::npos) << svg;
   EXPECT_EQ(svg.find("inf"), std::string::npos) << svg;
@@ -423,8 +423,8 @@ TEST(LearningCurve, SkipsNonPositiveValuesAndRendersSinglePoints) {
   }
 
   const std::string empty = learning_curve_svg(LearningCurve{});
-  EXPECT_EQ(count(empty, "<polyline"), 0u);
-  EXPECT_EQ(count(empty, ">no data<"), 2u) << empty;
+  EXPECT_EQ(count_occurrences(empty, "<polyline"), 0u);
+  EXPECT_EQ(count_occurrences(empty, ">no data<"), 2u) << empty;
   EXPECT_EQ(empty.substr(empty.size() - 7), "</svg>\n");
 }
 
@@ -439,7 +439,7 @@ TEST(LearningCurve, WriteFailuresAreDataErrorsButNeverEscapeExit) {
     EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
   }
 
-  const fs::path dir = temp_dir("crucible_learning_curve_exit_test");
+  const fs::path dir = metrics_temp_dir("crucible_learning_curve_exit_test");
   MetricsJsonlOptions mo;
   mo.learning_curve_path = bad;
   MetricsJsonlHook hook((dir / "metrics.jsonl").string(), mo);

@@ -22,7 +22,7 @@ using testing::molecule;
 using testing::random_periodic;
 using testing::rel_err;
 
-constexpr double kCutoff = 3.5;
+constexpr double kStressCutoff = 3.5;
 constexpr double kStep = 1e-5;
 constexpr double kTol = 1e-6;
 
@@ -33,7 +33,7 @@ SchNet small_model(uint64_t seed = 7) {
   o.num_filters = 12;
   o.num_interactions = 2;
   o.num_gaussians = 10;
-  o.cutoff = kCutoff;
+  o.cutoff = kStressCutoff;
   o.max_atomic_number = 20;
   SchNet model(o);
   model->to(at::kDouble);
@@ -119,7 +119,7 @@ TEST(ForcesStress, EdgeVectorsMatchDefinition) {
   // Two structures (the per-edge cell gather) and one alone (one S · cell
   // product: the single-structure branch).
   Structure s = random_periodic(4, {13, 20}, 3);
-  for (const Batch& b : {make_batch({s, molecule()}, kCutoff), make_batch({s}, kCutoff)}) {
+  for (const Batch& b : {make_batch({s, molecule()}, kStressCutoff), make_batch({s}, kStressCutoff)}) {
     at::Tensor v = edge_vectors(b);
     ASSERT_EQ(v.sizes(), (at::IntArrayRef{b.num_edges(), 3}));
     ASSERT_GT(b.shifts.abs().sum().item<double>(), 0.0);  // some edges cross the cell
@@ -129,14 +129,14 @@ TEST(ForcesStress, EdgeVectorsMatchDefinition) {
       const int64_t g = b.batch[i].item<int64_t>();
       at::Tensor expect = b.positions[j] - b.positions[i] + at::matmul(b.shifts[e], b.cell[g]);
       EXPECT_LT((v[e] - expect).abs().max().item<double>(), 1e-14);
-      EXPECT_LT(v[e].norm().item<double>(), kCutoff);
+      EXPECT_LT(v[e].norm().item<double>(), kStressCutoff);
     }
   }
 }
 
 TEST(ForcesStress, ForcesMatchFiniteDifferencesPeriodicTriclinic) {
   SchNet model = small_model();
-  Batch b = make_batch({random_periodic(6, {13, 8, 1}, 1)}, kCutoff);
+  Batch b = make_batch({random_periodic(6, {13, 8, 1}, 1)}, kStressCutoff);
   ASSERT_GT(b.num_edges(), 20);
   ModelOutputs out = compute_outputs(*model, b, {});
   at::Tensor fd = fd_forces(model, b);
@@ -148,7 +148,7 @@ TEST(ForcesStress, ForcesMatchFiniteDifferencesPeriodicTriclinic) {
 
 TEST(ForcesStress, ForcesMatchFiniteDifferencesMolecule) {
   SchNet model = small_model();
-  Batch b = make_batch({molecule()}, kCutoff);
+  Batch b = make_batch({molecule()}, kStressCutoff);
   ModelOutputs out = compute_outputs(*model, b, {});
   at::Tensor fd = fd_forces(model, b);
   report("molecule forces vs FD, relative error", rel_err(out.forces, fd));
@@ -159,7 +159,7 @@ TEST(ForcesStress, ForcesMatchFiniteDifferencesMolecule) {
 
 TEST(ForcesStress, StressMatchesFiniteDifferencesTriclinic) {
   SchNet model = small_model();
-  Batch b = make_batch({random_periodic(6, {13, 8, 1}, 2)}, kCutoff);
+  Batch b = make_batch({random_periodic(6, {13, 8, 1}, 2)}, kStressCutoff);
   ComputeOptions opt;
   opt.stress = true;
   ModelOutputs out = compute_outputs(*model, b, opt);
@@ -176,7 +176,7 @@ TEST(ForcesStress, StressMatchesFiniteDifferencesTriclinic) {
 TEST(ForcesStress, StressMatchesFiniteDifferencesMixedBatch) {
   // Periodic crystal, slab (pbc T T F) and a molecule in one batch.
   SchNet model = small_model(3);
-  Batch b = make_batch({random_periodic(5, {8, 13}, 4), molecule(), slab()}, kCutoff);
+  Batch b = make_batch({random_periodic(5, {8, 13}, 4), molecule(), slab()}, kStressCutoff);
   ComputeOptions opt;
   opt.stress = true;
   ModelOutputs out = compute_outputs(*model, b, opt);
@@ -194,7 +194,7 @@ TEST(ForcesStress, StressMatchesFiniteDifferencesMixedBatch) {
 
 TEST(ForcesStress, NonPeriodicStressIsExactlyZero) {
   SchNet model = small_model();
-  Batch b = make_batch({molecule()}, kCutoff);
+  Batch b = make_batch({molecule()}, kStressCutoff);
   ComputeOptions opt;
   opt.stress = true;
   for (bool training : {false, true}) {
@@ -208,7 +208,7 @@ TEST(ForcesStress, NonPeriodicStressIsExactlyZero) {
 
 TEST(ForcesStress, StressWithoutCellThrows) {
   SchNet model = small_model();
-  Batch b = make_batch({molecule()}, kCutoff);
+  Batch b = make_batch({molecule()}, kStressCutoff);
   b.cell = at::Tensor();
   b.shifts = at::Tensor();
   ComputeOptions opt;
@@ -220,7 +220,7 @@ TEST(ForcesStress, StressWithoutCellThrows) {
 
 TEST(ForcesStress, EvalOutputsAreDetached) {
   SchNet model = small_model();
-  Batch b = make_batch({random_periodic(4, {13, 8}, 5)}, kCutoff);
+  Batch b = make_batch({random_periodic(4, {13, 8}, 5)}, kStressCutoff);
   ComputeOptions opt;
   opt.stress = true;
   ModelOutputs out = compute_outputs(*model, b, opt);
@@ -239,7 +239,7 @@ TEST(ForcesStress, EvalOutputsAreDetached) {
 TEST(ForcesStress, IsolatedAtomHasZeroForces) {
   SchNet model = small_model();
   Structure s = make_structure({0.1, 0.2, 0.3}, {8}, std::vector<double>(9, 0.0), {false, false, false});
-  Batch b = make_batch({s}, kCutoff);
+  Batch b = make_batch({s}, kStressCutoff);
   ASSERT_EQ(b.num_edges(), 0);
   ComputeOptions opt;
   opt.stress = true;
@@ -256,7 +256,7 @@ TEST(ForcesStress, TrainingModeForceLossHasParameterGradients) {
   Structure s = random_periodic(5, {13, 8}, 6);
   s.forces = at::randn({5, 3}, at::kDouble);
   s.stress = at::randn({3, 3}, at::kDouble) * 0.01;
-  Batch b = make_batch({s, molecule()}, kCutoff);
+  Batch b = make_batch({s, molecule()}, kStressCutoff);
   b.forces = at::randn_like(b.forces);
   b.has_forces = at::ones({2}, at::kBool);
   ComputeOptions opt;
@@ -288,7 +288,7 @@ TEST(ForcesStress, TrainingModeForceLossHasParameterGradients) {
 TEST(ForcesStress, ForceLossParameterGradientMatchesFiniteDifferences) {
   SchNet model = small_model();
   Structure s = random_periodic(5, {13, 8}, 8);
-  Batch b = make_batch({s}, kCutoff);
+  Batch b = make_batch({s}, kStressCutoff);
   b.forces = at::randn_like(b.forces);
   b.has_forces = at::ones({1}, at::kBool);
   b.stress = at::randn_like(b.stress) * 0.01;
@@ -331,7 +331,7 @@ TEST(ForcesStress, ForceLossParameterGradientMatchesFiniteDifferences) {
 
 TEST(ForcesStress, Float32MatchesFloat64) {
   SchNet model = small_model();
-  Batch b64 = make_batch({random_periodic(5, {13, 8}, 9), molecule()}, kCutoff);
+  Batch b64 = make_batch({random_periodic(5, {13, 8}, 9), molecule()}, kStressCutoff);
   ComputeOptions opt;
   opt.stress = true;
   ModelOutputs ref = compute_outputs(*model, b64, opt);

@@ -34,7 +34,7 @@ using testing::molecule;
 using testing::random_periodic;
 using testing::rel_err;
 
-constexpr double kCutoff = 3.5;
+constexpr double kOracleCutoff = 3.5;
 
 void write_tensor(std::ostream& os, const std::string& name, const at::Tensor& t) {
   const at::Tensor c = t.detach().to(at::kCPU, at::kDouble).contiguous();
@@ -73,7 +73,7 @@ TEST(SchNetOracle, MatchesIndependentPyTorchAseImplementation) {
   o.num_filters = 12;
   o.num_interactions = 3;
   o.num_gaussians = 10;
-  o.cutoff = kCutoff;
+  o.cutoff = kOracleCutoff;
   o.max_atomic_number = 20;
   SchNet model(o);
   model->to(at::kDouble);
@@ -95,7 +95,7 @@ TEST(SchNetOracle, MatchesIndependentPyTorchAseImplementation) {
   {
     std::ofstream os(dump);
     os << std::setprecision(17);
-    os << "option cutoff " << kCutoff << "\noption num_interactions " << o.num_interactions << "\n";
+    os << "option cutoff " << kOracleCutoff << "\noption num_interactions " << o.num_interactions << "\n";
     for (const auto& p : model->named_parameters()) write_tensor(os, p.key(), p.value());
     for (const auto& b : model->named_buffers()) write_tensor(os, b.key(), b.value());
     for (const auto& s : structures) write_structure(os, s);
@@ -109,7 +109,7 @@ TEST(SchNetOracle, MatchesIndependentPyTorchAseImplementation) {
 
   std::istringstream in(out);
   for (const Structure& s : structures) {
-    Batch b = make_batch({s}, kCutoff);
+    Batch b = make_batch({s}, kOracleCutoff);
     ComputeOptions opt;
     opt.stress = true;
     model->set_filter_spline(false);  // the exact filter network: to rounding

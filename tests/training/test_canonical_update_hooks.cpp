@@ -20,33 +20,19 @@
 #include "crucible/training/strategy.h"
 #include "crucible/training/update_hook.h"
 #include "toy_model.h"
+#include "training_helpers.h"
 
 namespace crucible {
 namespace {
 
+using testing::energy_loss;
+using testing::kInf;
+using testing::kNaN;
+using testing::params;
+using testing::steps_options;
+
 using testing::toy_structures;
 using testing::ToyModel;
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-WeightedSumLoss energy_loss() {
-  WeightedSumLoss loss;
-  loss.add(std::make_shared<EnergyMSELoss>(), 1.0);
-  return loss;
-}
-
-StrategyOptions steps_options(int64_t steps) {
-  StrategyOptions o;
-  o.num_steps = steps;
-  o.dtype = at::kDouble;
-  o.optimizer.lr = 0.01;
-  return o;
-}
-
-std::vector<double> params(const ToyModel& m) {
-  return {m->a.item<double>(), m->b.item<double>(), m->c.item<double>()};
-}
 
 at::Tensor scalar(double v) { return at::scalar_tensor(v, at::kDouble); }
 

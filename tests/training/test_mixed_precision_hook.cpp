@@ -10,6 +10,7 @@
 #include "crucible/training/non_finite_loss.h"
 #include "crucible/training/strategy.h"
 #include "toy_model.h"
+#include "training_helpers.h"
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -23,18 +24,12 @@
 namespace crucible {
 namespace {
 
+using testing::precision_options;
+
 using testing::energy_forces_loss;
 using testing::ToyModel;
 using testing::toy_dataset;
 using testing::toy_structures;
-
-StrategyOptions steps_options(int64_t steps, const std::string& precision) {
-  StrategyOptions o;
-  o.num_steps = steps;
-  o.optimizer.lr = 0.01;
-  o.precision = precision;
-  return o;
-}
 
 TEST(MixedPrecisionHook, PriorityKeyAndAliases) {
   MixedPrecisionHook bf16("bf16");
@@ -52,7 +47,7 @@ TEST(MixedPrecisionHook, TwoHooksAreRejected) {
   auto a = std::make_shared<MixedPrecisionHook>("bf16-mixed");
   auto b = std::make_shared<MixedPrecisionHook>("16-mixed");
   EXPECT_THROW(a + b, ConfigError);
-  TrainingStrategy s(ToyModel().ptr(), steps_options(1, ""), energy_forces_loss());
+  TrainingStrategy s(ToyModel().ptr(), precision_options(1, ""), energy_forces_loss());
   s.register_hook(a);
   try {
     s.register_hook(b);
@@ -144,7 +139,7 @@ TEST(MixedPrecisionHook, SixteenMixedScalesAndUnscalesOnlyBeforeANonVetoedStep) 
 TEST(MixedPrecisionHook, PlantedInfSkipsExactlyThatStepAndHalvesTheScale) {
   auto ds = toy_dataset(4);
   ToyModel model;
-  StrategyOptions o = steps_options(10, "16-mixed");
+  StrategyOptions o = precision_options(10, "16-mixed");
   o.stop_on_non_finite = false;
   TrainingStrategy s(model.ptr(), o, energy_forces_loss());
   EXPECT_EQ(model->a.scalar_type(), at::kFloat);  // the plugin converted the model
@@ -188,7 +183,7 @@ TEST(MixedPrecisionHook, PlantedInfSkipsExactlyThatStepAndHalvesTheScale) {
 TEST(MixedPrecisionHook, SchedulerIsNotSteppedWhenTheScalerSkipsTheStep) {
   auto ds = toy_dataset(4);
   ToyModel model;
-  StrategyOptions o = steps_options(10, "16-mixed");
+  StrategyOptions o = precision_options(10, "16-mixed");
   o.stop_on_non_finite = false;
   SchedulerConfig sc;
   sc.name = "step";
@@ -226,7 +221,7 @@ TEST(MixedPrecisionHook, SchedulerIsNotSteppedWhenTheScalerSkipsTheStep) {
 TEST(MixedPrecisionHook, VetoAfterUnscaleClosesTheScalerIteration) {
   auto ds = toy_dataset(3);
   ToyModel model;
-  TrainingStrategy s(model.ptr(), steps_options(10, "16-mixed"), energy_forces_loss());
+  TrainingStrategy s(model.ptr(), precision_options(10, "16-mixed"), energy_forces_loss());
   s.register_hook(std::make_shared<LambdaUpdateHook>(
       "veto_second_batch",
       [](TrainContext& ctx, TrainingStage stage, bool) {
@@ -256,7 +251,7 @@ TEST(MixedPrecisionHook, StrategyAutoRegistersForMixedModesAndSetsContextPrecisi
   auto ds = toy_dataset(4);
   DataLoader loader(ds, {2, true, 0, false});
   ToyModel model;
-  StrategyOptions o = steps_options(2, "bf16-mixed");
+  StrategyOptions o = precision_options(2, "bf16-mixed");
   ValidationConfig v;
   v.data = toy_dataset(2, 7);
   o.validation = v;
@@ -285,17 +280,17 @@ TEST(MixedPrecisionHook, StrategyAutoRegistersForMixedModesAndSetsContextPrecisi
 
   // 64-true: float64 model and batches, no hook.
   ToyModel m64;
-  TrainingStrategy s64(m64.ptr(), steps_options(1, "64-true"), energy_forces_loss());
+  TrainingStrategy s64(m64.ptr(), precision_options(1, "64-true"), energy_forces_loss());
   s64.train_batch(ds->collate({0}));
   EXPECT_EQ(m64->a.scalar_type(), at::kDouble);
   EXPECT_EQ(s64.precision_hook(), nullptr);
   EXPECT_EQ(s64.batch_dtype(), at::kDouble);
 
   // A registered hook of another mode contradicts options.precision.
-  TrainingStrategy bad(ToyModel().ptr(), steps_options(1, "bf16-mixed"), energy_forces_loss(),
+  TrainingStrategy bad(ToyModel().ptr(), precision_options(1, "bf16-mixed"), energy_forces_loss(),
                        {std::make_shared<MixedPrecisionHook>("16-mixed")});
   EXPECT_THROW(bad.train_batch(ds->collate({0})), ConfigError);
-  EXPECT_THROW(TrainingStrategy(ToyModel().ptr(), steps_options(1, "fp8"), energy_forces_loss()),
+  EXPECT_THROW(TrainingStrategy(ToyModel().ptr(), precision_options(1, "fp8"), energy_forces_loss()),
                ConfigError);
 }
 
@@ -315,7 +310,7 @@ TEST(MixedPrecisionHook, ValidationAutocastFollowsUseMixedPrecision) {
   for (auto mode : {ValidationPrecision::kAuto, ValidationPrecision::kAlways,
                     ValidationPrecision::kNever}) {
     auto model = std::make_shared<AutocastProbeToy>();
-    StrategyOptions o = steps_options(1, "bf16-mixed");
+    StrategyOptions o = precision_options(1, "bf16-mixed");
     ValidationConfig v;
     v.data = toy_dataset(3, 7);
     v.use_mixed_precision = mode;
@@ -328,7 +323,7 @@ TEST(MixedPrecisionHook, ValidationAutocastFollowsUseMixedPrecision) {
     const bool expected = mode != ValidationPrecision::kNever;
     for (bool on : model->autocast_on) EXPECT_EQ(on, expected);
   }
-  StrategyOptions o = steps_options(1, "32-true");
+  StrategyOptions o = precision_options(1, "32-true");
   ValidationConfig v;
   v.data = toy_dataset(3, 7);
   v.use_mixed_precision = ValidationPrecision::kAlways;
@@ -350,7 +345,7 @@ TEST(MixedPrecisionHook, RegionIsLeftWhenTheForwardThrows) {
     EXPECT_TRUE(autocast_enabled(at::kCPU));
     throw std::runtime_error("forward failed");
   };
-  TrainingStrategy s(ToyModel().ptr(), steps_options(1, "bf16-mixed"), energy_forces_loss(), {},
+  TrainingStrategy s(ToyModel().ptr(), precision_options(1, "bf16-mixed"), energy_forces_loss(), {},
                      failing);
   EXPECT_THROW(s.train_batch(ds->collate({0})), std::runtime_error);
   EXPECT_FALSE(autocast_enabled(at::kCPU));

@@ -17,32 +17,18 @@
 #include "crucible/training/strategy.h"
 #include "crucible/training/update_hook.h"
 #include "toy_model.h"
+#include "training_helpers.h"
 
 namespace crucible {
 namespace {
 
+using testing::energy_loss;
+using testing::kNaN;
+using testing::params;
+using testing::steps_options;
+
 using testing::toy_structures;
 using testing::ToyModel;
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-WeightedSumLoss energy_loss() {
-  WeightedSumLoss loss;
-  loss.add(std::make_shared<EnergyMSELoss>(), 1.0);
-  return loss;
-}
-
-StrategyOptions options(int64_t steps) {
-  StrategyOptions o;
-  o.num_steps = steps;
-  o.dtype = at::kDouble;
-  o.optimizer.lr = 0.01;
-  return o;
-}
-
-std::vector<double> params(const ToyModel& m) {
-  return {m->a.item<double>(), m->b.item<double>(), m->c.item<double>()};
-}
 
 /// Multiplies the loss of batch `bad` by NaN at DO_BACKWARD (so both the
 /// loss the guard sees and the gradients are NaN).
@@ -74,7 +60,7 @@ int count_hooks(const TrainingStrategy& s) {
 
 TEST(NonFiniteLossGuard, StopsTheRunAtTheFirstNonFiniteLossWithTheLastGoodWeights) {
   ToyModel model;
-  TrainingStrategy strategy(model.ptr(), options(10), energy_loss());
+  TrainingStrategy strategy(model.ptr(), steps_options(10), energy_loss());
   DataLoader l = loader(6, 2);
   std::vector<double> before_bad;
   strategy.register_hook(std::make_shared<LambdaHook>(
@@ -96,7 +82,7 @@ TEST(NonFiniteLossGuard, StopsTheRunAtTheFirstNonFiniteLossWithTheLastGoodWeight
 
 TEST(NonFiniteLossGuard, NonFiniteGradientWithAFiniteLossAlsoStops) {
   ToyModel model;
-  TrainingStrategy strategy(model.ptr(), options(10), energy_loss(), {poison_batch(1)});
+  TrainingStrategy strategy(model.ptr(), steps_options(10), energy_loss(), {poison_batch(1)});
   DataLoader l = loader(6);
   strategy.run(l);
   EXPECT_TRUE(strategy.stopped_early());
@@ -140,7 +126,7 @@ TEST(NonFiniteLossGuard, AllFiniteFindsOneBadValueAnywhereInEveryDtypeAndLayout)
 TEST(NonFiniteLossGuard, NotRegisteredWithSpikeSkippingWhichSkipsInstead) {
   ToyModel model;
   auto spike = std::make_shared<SpikeSkippingHook>();
-  TrainingStrategy strategy(model.ptr(), options(5), energy_loss(), {spike, poison_batch(1)});
+  TrainingStrategy strategy(model.ptr(), steps_options(5), energy_loss(), {spike, poison_batch(1)});
   DataLoader l = loader(6);
   strategy.run(l);
   EXPECT_EQ(count_hooks<NonFiniteLossGuard>(strategy), 0);
@@ -153,7 +139,7 @@ TEST(NonFiniteLossGuard, NotRegisteredWithSpikeSkippingWhichSkipsInstead) {
 TEST(NonFiniteLossGuard, NonFiniteMicroBatchOfAnAccumulationCycleStopsAtItsStep) {
   ToyModel model;
   // Accumulation over 3 batches: batch 0 is poisoned, the step comes at batch 2.
-  TrainingStrategy strategy(model.ptr(), options(4), energy_loss(),
+  TrainingStrategy strategy(model.ptr(), steps_options(4), energy_loss(),
                             {std::make_shared<GradientAccumulationHook>(3)});
   const auto initial = params(model);
   DataLoader l = loader(6, 0);
@@ -168,7 +154,7 @@ TEST(NonFiniteLossGuard, NonFiniteMicroBatchOfAnAccumulationCycleStopsAtItsStep)
 
 TEST(NonFiniteLossGuard, OptOutLeavesTheStepToTheOptimizer) {
   ToyModel model;
-  StrategyOptions o = options(3);
+  StrategyOptions o = steps_options(3);
   o.stop_on_non_finite = false;
   TrainingStrategy strategy(model.ptr(), o, energy_loss(), {poison_batch(1)});
   DataLoader l = loader(3);
@@ -180,7 +166,7 @@ TEST(NonFiniteLossGuard, OptOutLeavesTheStepToTheOptimizer) {
 
 TEST(MaxBatchesWithoutStep, ARunWhoseEveryStepIsVetoedStops) {
   ToyModel model;
-  StrategyOptions o = options(5);
+  StrategyOptions o = steps_options(5);
   o.max_batches_without_step = 4;
   auto veto_all = std::make_shared<LambdaUpdateHook>(
       "veto all",

@@ -147,7 +147,7 @@ TEST(Optimizers, MisspelledOrForeignOptionsAreErrorsNamingTheOption) {
             "opt.name must be one of adam, adamw, sgd, rmsprop, adagrad, got 'lbfgs'");
 }
 
-StrategyOptions steps_options(int64_t steps) {
+StrategyOptions default_lr_options(int64_t steps) {
   StrategyOptions o;
   o.num_steps = steps;
   o.dtype = at::kDouble;
@@ -156,7 +156,7 @@ StrategyOptions steps_options(int64_t steps) {
 
 TEST(NamedModels, SeveralOptimizersPerModelEachWithItsScheduler) {
   ToyModel m;
-  StrategyOptions o = steps_options(3);
+  StrategyOptions o = default_lr_options(3);
   OptimizerConfig first;  // a and b
   first.name = "sgd";
   first.lr = 0.01;
@@ -247,7 +247,7 @@ TEST(NamedModels, FrozenTeacherGetsNoGradientAndIsRestoredAfterTheRunAndAfterATh
 
 TEST(NamedModels, ConfigKeysMustNameModels) {
   ToyModel a, b;
-  StrategyOptions o = steps_options(1);
+  StrategyOptions o = default_lr_options(1);
   o.optimizer_configs["studnet"] = {OptimizerConfig{}};
   try {
     TrainingStrategy s({{"student", a.ptr()}, {"teacher", b.ptr()}}, o, energy_forces_loss());
@@ -265,7 +265,7 @@ TEST(NamedModels, ConfigKeysMustNameModels) {
 TEST(ParameterFilters, TrainableForceTrainableAndOptimizerFiltersAreUndoneAfterTheRun) {
   ToyModel m;
   m->c.requires_grad_(false);
-  StrategyOptions o = steps_options(2);
+  StrategyOptions o = default_lr_options(2);
   o.optimizer.lr = 0.05;
   TrainingStrategy s(m.ptr(), o, energy_forces_loss());
   s.set_trainable_parameter_filter(std::set<std::string>{"main.a", "main.b"});

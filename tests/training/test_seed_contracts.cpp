@@ -8,6 +8,7 @@
 #include "crucible/training/non_finite_loss.h"
 #include "crucible/training/strategy.h"
 #include "toy_model.h"
+#include "training_helpers.h"
 
 #include <gtest/gtest.h>
 #include <torch/serialize/output-archive.h>
@@ -20,19 +21,13 @@
 namespace crucible {
 namespace {
 
+using testing::precision_options;
+
 using testing::energy_forces_loss;
 using testing::toy_dataset;
 using testing::ToyModel;
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-StrategyOptions steps_options(int64_t steps, const std::string& precision = "") {
-  StrategyOptions o;
-  o.num_steps = steps;
-  o.optimizer.lr = 0.01;
-  o.precision = precision;
-  return o;
-}
+constexpr float kInfF = std::numeric_limits<float>::infinity();
 
 SchedulerConfig step_scheduler() {
   SchedulerConfig sc;
@@ -54,7 +49,7 @@ std::shared_ptr<Hook> plant_inf(at::Tensor param, int64_t at_batch) {
       [param, at_batch](TrainContext& ctx, TrainingStage) {
         if (at_batch >= 0 && ctx.batch_count != at_batch) return;
         at::NoGradGuard g;
-        param.mutable_grad().fill_(kInf);
+        param.mutable_grad().fill_(kInfF);
       });
 }
 
@@ -69,7 +64,7 @@ bool has_guard(const TrainingStrategy& s) {
 
 TEST(ScalerAwareNonFinite, RunUnder16MixedSkipsTheOverflowAndEndsNormally) {
   ToyModel model;
-  StrategyOptions o = steps_options(4, "16-mixed");
+  StrategyOptions o = precision_options(4, "16-mixed");
   o.optimizer.scheduler = step_scheduler();
   TrainingStrategy s(model.ptr(), o, energy_forces_loss(), {plant_inf(model->a, 1)});
   std::vector<double> a_after;
@@ -94,7 +89,7 @@ TEST(ScalerAwareNonFinite, RunUnder16MixedSkipsTheOverflowAndEndsNormally) {
 
 TEST(ScalerAwareNonFinite, OnlyTheOverflowingOptimizersSchedulerHolds) {
   ToyModel model;
-  StrategyOptions o = steps_options(10, "16-mixed");
+  StrategyOptions o = precision_options(10, "16-mixed");
   OptimizerConfig first;  // owns "a"
   first.name = "sgd";
   first.lr = 0.01;
@@ -124,7 +119,7 @@ TEST(ScalerAwareNonFinite, StopsOnceTheScaleFallsBelowTheFloor) {
   ToyModel model;
   GradScalerOptions g;
   g.init_scale = 1.0;  // 2^-14 = 6.1e-5 < 1e-4 after 14 overflows
-  TrainingStrategy s(model.ptr(), steps_options(100), energy_forces_loss(),
+  TrainingStrategy s(model.ptr(), precision_options(100), energy_forces_loss(),
                      {std::make_shared<MixedPrecisionHook>("16-mixed", g), plant_inf(model->a, -1)});
   auto loader = ordered_loader(40);
   s.run(loader);
@@ -139,7 +134,7 @@ TEST(ScalerAwareNonFinite, StopsOnceTheScaleFallsBelowTheFloor) {
 
 TEST(ScalerAwareNonFinite, NonFiniteLossStillStopsWithAScaler) {
   ToyModel model;
-  TrainingStrategy s(model.ptr(), steps_options(10, "16-mixed"), energy_forces_loss());
+  TrainingStrategy s(model.ptr(), precision_options(10, "16-mixed"), energy_forces_loss());
   s.register_hook(std::make_shared<LambdaHook>(
       "nan_weight", std::set<TrainingStage>{TrainingStage::BEFORE_FORWARD},
       [&](TrainContext& ctx, TrainingStage) {
@@ -157,7 +152,7 @@ TEST(ScalerAwareNonFinite, NonFiniteLossStillStopsWithAScaler) {
 
 TEST(ScalerAwareNonFinite, WithoutAScalerANonFiniteGradientStops) {
   ToyModel model;
-  TrainingStrategy s(model.ptr(), steps_options(10, "32-true"), energy_forces_loss(),
+  TrainingStrategy s(model.ptr(), precision_options(10, "32-true"), energy_forces_loss(),
                      {plant_inf(model->a, 1)});
   auto loader = ordered_loader(6);
   s.run(loader);
@@ -169,7 +164,7 @@ TEST(ScalerAwareNonFinite, WithoutAScalerANonFiniteGradientStops) {
 
 TEST(FilteredGradients, TrainableParametersNoOptimizerOwnsAreClearedBeforeEachBatch) {
   ToyModel model;
-  TrainingStrategy s(model.ptr(), steps_options(10), energy_forces_loss());
+  TrainingStrategy s(model.ptr(), precision_options(10), energy_forces_loss());
   s.set_optimizer_parameter_filter(std::set<std::string>{"main.a", "main.b"});
   auto ds = toy_dataset(2);
   const Batch b1 = ds->collate({1});
@@ -194,7 +189,7 @@ TEST(FilteredGradients, TrainableParametersNoOptimizerOwnsAreClearedBeforeEachBa
   std::map<std::string, std::string> files;
   for (auto& [n, b] : s.state_files()) files[n] = b;
   ToyModel other;
-  TrainingStrategy t(other.ptr(), steps_options(10), energy_forces_loss());
+  TrainingStrategy t(other.ptr(), precision_options(10), energy_forces_loss());
   t.set_optimizer_parameter_filter(std::set<std::string>{"main.a", "main.b"});
   t.train_batch(ds->collate({0}));
   t.restore_state_files(files);
@@ -206,7 +201,7 @@ TEST(FilteredGradients, TrainableParametersNoOptimizerOwnsAreClearedBeforeEachBa
 
 TEST(Lifecycle, APlainDoOptimizerStepOwnerDoesNotSuppressZeroGrad) {
   ToyModel model;
-  StrategyOptions o = steps_options(10);
+  StrategyOptions o = precision_options(10);
   TrainingStrategy s(model.ptr(), o, energy_forces_loss());
   std::vector<at::Tensor> grads;
   // Owns the step but never steps: the weights stay put, so each batch's
@@ -226,7 +221,7 @@ TEST(Lifecycle, APlainDoOptimizerStepOwnerDoesNotSuppressZeroGrad) {
 
 TEST(Lifecycle, TrainBatchRunsSetupHooksOnEveryCall) {
   ToyModel model;
-  TrainingStrategy s(model.ptr(), steps_options(10), energy_forces_loss());
+  TrainingStrategy s(model.ptr(), precision_options(10), energy_forces_loss());
   int setups = 0;
   s.register_hook(std::make_shared<LambdaHook>(
       "count", std::set<TrainingStage>{TrainingStage::SETUP},
@@ -308,7 +303,7 @@ TEST(Lifecycle, StepCadenceTakesPrecedenceOverEpochCadence) {
 
 TEST(RestoreChecks, EpochPositionFollowsFromBatchCountWhenEpochStepCountIsZero) {
   ToyModel model;
-  TrainingStrategy s(model.ptr(), steps_options(8), energy_forces_loss());
+  TrainingStrategy s(model.ptr(), precision_options(8), energy_forces_loss());
   s.step_count = 6;
   s.batch_count = 6;  // epoch_count and epoch_step_count left at 0; global_step_count too
   std::vector<int64_t> positions;
@@ -325,7 +320,7 @@ TEST(RestoreChecks, EpochPositionFollowsFromBatchCountWhenEpochStepCountIsZero) 
 
 TEST(RestoreChecks, NegativeCountersAreRefused) {
   ToyModel model;
-  TrainingStrategy s(model.ptr(), steps_options(8), energy_forces_loss());
+  TrainingStrategy s(model.ptr(), precision_options(8), energy_forces_loss());
   s.epoch_step_count = -1;
   auto loader = ordered_loader(4);
   try {
@@ -338,7 +333,7 @@ TEST(RestoreChecks, NegativeCountersAreRefused) {
 
   // The same in a checkpoint's counters.pt.
   ToyModel m2;
-  TrainingStrategy t(m2.ptr(), steps_options(8), energy_forces_loss());
+  TrainingStrategy t(m2.ptr(), precision_options(8), energy_forces_loss());
   t.train_batch(toy_dataset(1)->collate({0}));
   std::map<std::string, std::string> files;
   for (auto& [n, b] : t.state_files()) files[n] = b;
@@ -370,11 +365,11 @@ std::map<std::string, std::string> files_after_one_batch(StrategyOptions o) {
 }
 
 TEST(RestoreChecks, MoreOrFewerOptimizerOrSchedulerStatesAreRefused) {
-  StrategyOptions one = steps_options(8);
+  StrategyOptions one = precision_options(8);
   one.optimizer.scheduler = step_scheduler();
   const auto files = files_after_one_batch(one);
 
-  StrategyOptions two = steps_options(8);
+  StrategyOptions two = precision_options(8);
   OptimizerConfig a, bc;
   a.params = "^a$";
   bc.params = "^(b|c)$";
@@ -393,7 +388,7 @@ TEST(RestoreChecks, MoreOrFewerOptimizerOrSchedulerStatesAreRefused) {
   }
   // A scheduler state where the configuration has none, and the reverse.
   ToyModel m2;
-  TrainingStrategy no_sched(m2.ptr(), steps_options(8), energy_forces_loss());
+  TrainingStrategy no_sched(m2.ptr(), precision_options(8), energy_forces_loss());
   try {
     no_sched.restore_state_files(files);
     FAIL() << "expected DataError";
@@ -405,7 +400,7 @@ TEST(RestoreChecks, MoreOrFewerOptimizerOrSchedulerStatesAreRefused) {
   ToyModel m3;
   TrainingStrategy with_sched(m3.ptr(), one, energy_forces_loss());
   try {
-    with_sched.restore_state_files(files_after_one_batch(steps_options(8)));
+    with_sched.restore_state_files(files_after_one_batch(precision_options(8)));
     FAIL() << "expected DataError";
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("scheduler.0.pt: the configuration has a scheduler "
@@ -429,7 +424,7 @@ TEST(MixedLabels, BatchesWithoutStressTrainAndValidateInEveryPrecisionMode) {
   for (const char* mode : {"64-true", "32-true", "bf16-mixed", "16-mixed"}) {
     SCOPED_TRACE(mode);
     ToyModel model(1.0, 1.0, 0.0);
-    StrategyOptions o = steps_options(6, mode);
+    StrategyOptions o = precision_options(6, mode);
     ValidationConfig vc;
     vc.data = data;
     vc.batch_size = 1;

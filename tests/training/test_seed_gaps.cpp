@@ -25,7 +25,7 @@ using testing::energy_forces_loss;
 using testing::toy_dataset;
 using testing::ToyModel;
 
-DataLoader ordered_loader(int n, uint64_t seed = 1) {
+DataLoader seeded_loader(int n, uint64_t seed = 1) {
   return DataLoader(toy_dataset(n, seed), DataLoaderOptions{1, false, 0, false});
 }
 
@@ -75,7 +75,7 @@ TEST(SeedGaps, AfterEpochValidationAndTrainingSeeTheLastBatchAndItsDetachedLoss)
         ASSERT_NE(ctx.losses, nullptr);
         EXPECT_EQ(ctx.losses->components.count("forces"), 1u);
       }));
-  auto loader = ordered_loader(3);
+  auto loader = seeded_loader(3);
   s.run(loader);
   EXPECT_EQ(s.step_count, 6);
   // Two epochs, a validation after each and the final one, the end stage.
@@ -105,7 +105,7 @@ TEST(SeedGaps, ACallableMetricAdapterDrivesThePlateauScheduler) {
   };
   o.validation = every_epoch(2);
   TrainingStrategy s(model.ptr(), o, energy_forces_loss());
-  auto loader = ordered_loader(2);
+  auto loader = seeded_loader(2);
   s.run(loader);
   // Three epoch validations and the final one; the first sets the best,
   // each later one halves the lr.
@@ -205,7 +205,7 @@ TEST(SeedGaps, APluginGivenThroughARegisteredHookConvertsModelsInputsAndOutputs)
     s.register_hook(std::make_shared<LambdaHook>(
         "dtype", std::set<TrainingStage>{TrainingStage::BEFORE_FORWARD},
         [&](TrainContext& ctx, TrainingStage) { positions = ctx.batch->positions.scalar_type(); }));
-    auto loader = ordered_loader(2);
+    auto loader = seeded_loader(2);
     s.run(loader);
     EXPECT_EQ(positions, at::kFloat);
     EXPECT_EQ(plugin->calls["convert_input"], 2);
@@ -322,7 +322,7 @@ TEST(SeedGaps, ARestoreThenTrainBatchThenRunKeepsTheLiveOptimizerState) {
   ASSERT_EQ(adam_step(*s.optimizers().at(0)), 2);
   std::vector<int64_t> at_run;
   s.register_hook(first_batch_adam_step(&at_run));
-  auto loader = ordered_loader(3);
+  auto loader = seeded_loader(3);
   s.run(loader);  // rebuilds the optimizers for its horizon
   // The rebuilt Adam continues from step 2, not from the checkpoint's 1.
   EXPECT_EQ(at_run, (std::vector<int64_t>{2}));
@@ -344,11 +344,11 @@ TEST(SeedGaps, ARestoreThenTwoRunsOfOtherLengthsKeepTheLiveOptimizerState) {
       [&s](TrainContext& ctx, TrainingStage) {
         if (ctx.step_count == 2) s.request_stop();
       }));
-  auto a = ordered_loader(2);
+  auto a = seeded_loader(2);
   s.run(a);  // 4 epochs of 2 batches (an 8-step horizon), stopped at step 2, an epoch's end
   ASSERT_EQ(s.step_count, 2);
   ASSERT_TRUE(s.stopped_early());
-  auto b = ordered_loader(1);
+  auto b = seeded_loader(1);
   s.run(b);  // 4 epochs of 1 batch: rebuilt for 4 steps
   EXPECT_EQ(s.step_count, 4);
   // run(a) built its Adam from the checkpoint (step 1); run(b)'s rebuilt

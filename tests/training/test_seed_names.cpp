@@ -7,6 +7,7 @@
 #include "crucible/training/strategy.h"
 #include "crucible/training/strategy_spec.h"
 #include "toy_model.h"
+#include "training_helpers.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -17,21 +18,16 @@
 namespace crucible {
 namespace {
 
+using testing::precision_options;
+
 namespace fs = std::filesystem;
 using testing::energy_forces_loss;
 using testing::toy_dataset;
 using testing::ToyModel;
 
-StrategyOptions steps_options(int64_t steps) {
-  StrategyOptions o;
-  o.num_steps = steps;
-  o.optimizer.lr = 0.01;
-  return o;
-}
-
 TEST(SeedNames, RegisterHookWithAStageRunsItThereOnly) {
   ToyModel model;
-  TrainingStrategy s(model.ptr(), steps_options(10), energy_forces_loss());
+  TrainingStrategy s(model.ptr(), precision_options(10), energy_forces_loss());
   std::vector<TrainingStage> seen;
   auto hook = std::make_shared<LambdaHook>(
       "both", std::set<TrainingStage>{TrainingStage::BEFORE_BATCH, TrainingStage::AFTER_BATCH},
@@ -47,9 +43,9 @@ TEST(SeedNames, RegisterHookWithAStageRunsItThereOnly) {
   EXPECT_THROW(s.register_hook(update, TrainingStage::AFTER_BATCH), ConfigError);
 }
 
-class ClosingHook : public Hook {
+class ClosingStageHook : public Hook {
  public:
-  explicit ClosingHook(int* closes) : closes_(closes) {}
+  explicit ClosingStageHook(int* closes) : closes_(closes) {}
   std::string name() const override { return "closing"; }
   bool runs_on_stage(TrainingStage) const override { return false; }
   void operator()(TrainContext&, TrainingStage) override {}
@@ -61,10 +57,10 @@ class ClosingHook : public Hook {
 
 TEST(SeedNames, CloseClosesEveryHookOnceAndTearsThePluginDown) {
   ToyModel model;
-  StrategyOptions o = steps_options(10);
+  StrategyOptions o = precision_options(10);
   o.precision = "16-mixed";
   int closes = 0;
-  TrainingStrategy s(model.ptr(), o, energy_forces_loss(), {std::make_shared<ClosingHook>(&closes)});
+  TrainingStrategy s(model.ptr(), o, energy_forces_loss(), {std::make_shared<ClosingStageHook>(&closes)});
   s.train_batch(toy_dataset(1)->collate({0}));
   ASSERT_NE(s.precision_hook()->scaler(), nullptr);
   s.close();
@@ -160,7 +156,7 @@ TEST(SeedNames, SaveRestoreAndLoadCheckpoint) {
   fs::remove_all(dir);
   auto ds = toy_dataset(3);
   ToyModel model;
-  StrategyOptions o = steps_options(10);
+  StrategyOptions o = precision_options(10);
   o.optimizer.scheduler = SchedulerConfig{};
   o.optimizer.scheduler->name = "step";
   o.optimizer.scheduler->gamma = 0.5;
@@ -206,7 +202,7 @@ TEST(SeedNames, DefaultTrainingFunctionComputesWhatTheLabelsNeed) {
 
 TEST(SeedNames, ValidationEvaluatesTheTrainingLoss) {
   ToyModel model;
-  StrategyOptions o = steps_options(10);
+  StrategyOptions o = precision_options(10);
   o.dtype = at::kDouble;
   ValidationConfig vc;
   vc.data = toy_dataset(3, 11);
@@ -233,7 +229,7 @@ TEST(SeedNames, ValidationEvaluatesTheTrainingLoss) {
 }
 
 TEST(SeedNames, SetInferenceModelTakesAModelName) {
-  StrategyOptions o = steps_options(10);
+  StrategyOptions o = precision_options(10);
   o.optimizer_configs["main"] = {OptimizerConfig{}};
   TrainingStrategy s({{"main", ToyModel().ptr()}, {"teacher", ToyModel().ptr()}}, o,
                      energy_forces_loss());

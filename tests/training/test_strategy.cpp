@@ -4,6 +4,7 @@
 #include "crucible/common/error.h"
 #include "crucible/training/strategy.h"
 #include "toy_model.h"
+#include "training_helpers.h"
 
 #include <gtest/gtest.h>
 
@@ -12,6 +13,8 @@
 
 namespace crucible {
 namespace {
+
+using testing::steps_options;
 
 using testing::energy_forces_loss;
 using testing::ToyModel;
@@ -22,14 +25,6 @@ std::vector<TrainingStage> all_stages() {
   std::vector<TrainingStage> s;
   for (int i = 0; i < kNumTrainingStages; ++i) s.push_back(static_cast<TrainingStage>(i));
   return s;
-}
-
-StrategyOptions steps_options(int64_t steps) {
-  StrategyOptions o;
-  o.num_steps = steps;
-  o.dtype = at::kDouble;
-  o.optimizer.lr = 0.01;
-  return o;
 }
 
 /// Records every stage it sees.

@@ -14,22 +14,18 @@
 #include "crucible/training/strategy.h"
 #include "crucible/training/update_hook.h"
 #include "toy_model.h"
+#include "training_helpers.h"
 
 namespace crucible {
 namespace {
+
+using testing::params;
+using testing::steps_options;
 
 using testing::toy_structures;
 using testing::energy_forces_loss;
 using testing::ToyModel;
 using testing::toy_dataset;
-
-StrategyOptions steps_options(int64_t steps) {
-  StrategyOptions o;
-  o.num_steps = steps;
-  o.dtype = at::kDouble;
-  o.optimizer.lr = 0.01;
-  return o;
-}
 
 /// One dispatch as a child saw it.
 struct Call {
@@ -97,10 +93,6 @@ std::vector<std::string> calls_at(const std::vector<Call>& log, TrainingStage st
 /// Gradients of the toy model's (a, b, c).
 std::vector<double> grads(ToyModel& m) {
   return {m->a.grad().item<double>(), m->b.grad().item<double>(), m->c.grad().item<double>()};
-}
-
-std::vector<double> params(ToyModel& m) {
-  return {m->a.item<double>(), m->b.item<double>(), m->c.item<double>()};
 }
 
 /// A plain hook that must run after the orchestrator at AFTER_OPTIMIZER_STEP.

@@ -59,7 +59,10 @@ struct LayerPairs {
   PairEdges edges;      ///< group_edges_by_pair of the layer's edges.
   at::Tensor values;    ///< the rows of the per-pair tensor `edges` indexes ([P', ...]).
   int64_t for_edges = -1;  ///< the edge count it was made for; -1 = none yet.
-  bool first_seen = false; ///< whether `edges` numbers its pairs by first edge.
+  /// Whether `edges` (on the CPU) indexes pairs by `edge_pair`'s own
+  /// numbering, so that leading_pair_edges may cut it for a prefix whose
+  /// pairs first_seen_pairs has checked; false after compact_pairs.
+  bool first_seen = false;
 
   /// Regroups for the first `edges` edges of `edge_index` [2,E] (pairs
   /// `edge_pair` [E] of `num_pairs`), with `pair_values` [P, ...] (pair

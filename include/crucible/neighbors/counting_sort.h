@@ -25,6 +25,18 @@ struct KeyGroups {
 ///         and the key.
 KeyGroups counting_sort(const int64_t* keys, int64_t n, int64_t num_keys);
 
+/// The same sort written into the caller's buffers (no allocation), for
+/// results that live in tensors (group_edges_by_pair, reverse_edge_pairs).
+///
+/// @param offsets [num_keys + 2] int64, any contents on entry; on return
+///                offsets[0 .. num_keys] are KeyGroups::offsets (the last
+///                entry is scratch).
+/// @param order   [n] int64; on return its first `kept` entries are
+///                KeyGroups::order.
+/// @returns kept, the number of items with a key >= 0.
+/// @throws std::invalid_argument as counting_sort above.
+int64_t counting_sort(const int64_t* keys, int64_t n, int64_t num_keys, int64_t* offsets, int64_t* order);
+
 /// The longest input rank_sort is meant for (k² compares).
 constexpr int64_t kRankSortMaxItems = 256;
 

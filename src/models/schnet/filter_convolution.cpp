@@ -5,6 +5,7 @@
 #include "crucible/models/chunk_parallel.h"
 #include "crucible/models/shifted_softplus.h"
 #include "crucible/models/mace/radial_spline.h"
+#include "crucible/neighbors/counting_sort.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -200,19 +201,15 @@ PairEdges group_edges_by_pair(const at::Tensor& edge_pair, int64_t num_pairs, co
   const at::Tensor ep = edge_pair.to(at::kCPU, at::kLong).contiguous();
   const int64_t E = ep.size(0);
   const int64_t* p = ep.data_ptr<int64_t>();
-  // A counting sort written into the result tensors: counts at off[k + 2],
-  // their prefix sums, then each edge placed at off[k + 1]++, which leaves
-  // off[k] = the first edge of pair k (no copies of intermediate vectors).
-  at::Tensor offsets = at::zeros({num_pairs + 2}, at::kLong);
-  int64_t* off = offsets.data_ptr<int64_t>();
-  for (int64_t e = 0; e < E; ++e) {
-    TORCH_CHECK(p[e] >= 0 && p[e] < num_pairs, "group_edges_by_pair: pair index out of range");
-    ++off[p[e] + 2];
-  }
-  for (int64_t k = 2; k < num_pairs + 2; ++k) off[k] += off[k - 1];
+  at::Tensor offsets = at::empty({num_pairs + 2}, at::kLong);
   at::Tensor order = at::empty({E}, at::kLong);
-  int64_t* o = order.data_ptr<int64_t>();
-  for (int64_t e = 0; e < E; ++e) o[off[p[e] + 1]++] = e;
+  int64_t kept = 0;
+  try {
+    kept = counting_sort(p, E, num_pairs, offsets.data_ptr<int64_t>(), order.data_ptr<int64_t>());
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "group_edges_by_pair: pair index out of range (", e.what(), ")");
+  }
+  TORCH_CHECK(kept == E, "group_edges_by_pair: pair index out of range (a negative pair index)");
   offsets = offsets.narrow(0, 0, num_pairs + 1);
   const auto dev = edge_index.device();
   PairEdges g;
