@@ -30,7 +30,6 @@ using testing::kInf;
 using testing::kNaN;
 using testing::params;
 using testing::steps_options;
-
 using testing::toy_structures;
 using testing::ToyModel;
 

@@ -25,7 +25,6 @@ namespace crucible {
 namespace {
 
 using testing::precision_options;
-
 using testing::energy_forces_loss;
 using testing::ToyModel;
 using testing::toy_dataset;

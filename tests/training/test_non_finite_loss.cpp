@@ -26,7 +26,6 @@ using testing::energy_loss;
 using testing::kNaN;
 using testing::params;
 using testing::steps_options;
-
 using testing::toy_structures;
 using testing::ToyModel;
 

@@ -22,7 +22,6 @@ namespace crucible {
 namespace {
 
 using testing::precision_options;
-
 using testing::energy_forces_loss;
 using testing::toy_dataset;
 using testing::ToyModel;

@@ -15,7 +15,6 @@ namespace crucible {
 namespace {
 
 using testing::steps_options;
-
 using testing::energy_forces_loss;
 using testing::ToyModel;
 using testing::toy_dataset;

@@ -21,7 +21,6 @@ namespace {
 
 using testing::params;
 using testing::steps_options;
-
 using testing::toy_structures;
 using testing::energy_forces_loss;
 using testing::ToyModel;
