@@ -123,23 +123,23 @@ void LayerPairs::update(const at::Tensor& edge_pair, int64_t num_pairs, const at
   if (edges == edge_pair.size(0)) {
     this->edges = group_edges_by_pair(edge_pair, num_pairs, edge_index);
     values = pair_values;
-    first_seen = on_cpu;  // the own numbering; a prefix is checked before a cut
+    own_numbering = on_cpu;  // a prefix is checked (first_seen_pairs) before a cut
   } else if (const int64_t prefix = first_seen_pairs(edge_pair, edges); prefix >= 0) {
     // Pairs numbered by their first edges (reverse_edge_pairs): the first
     // `edges` edges use exactly pairs [0, prefix), already compact; a
     // grouping of more of these edges is cut to them.
-    if (first_seen && for_edges > edges && on_cpu) {
+    if (own_numbering && for_edges > edges && on_cpu) {
       this->edges = leading_pair_edges(this->edges, edges, prefix);
     } else {
       this->edges = group_edges_by_pair(edge_pair.slice(0, 0, edges), prefix, edge_index.slice(1, 0, edges));
     }
     values = pair_values.slice(0, 0, prefix);
-    first_seen = on_cpu;
+    own_numbering = on_cpu;
   } else {
     const auto [used, local] = compact_pairs(edge_pair, edges);
     this->edges = group_edges_by_pair(local, used.size(0), edge_index.slice(1, 0, edges));
     values = pair_values.index_select(0, used);
-    first_seen = false;
+    own_numbering = false;
   }
   for_edges = edges;
 }

@@ -28,6 +28,22 @@ inline std::string read_text(const fs::path& path) {
   return ss.str();
 }
 
+/// A fresh, empty directory <temp>/<name>_<pid> (an old one is removed).
+/// @throws std::filesystem::filesystem_error when it cannot be made.
+inline fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+/// How many times `what` occurs in `text`, without overlaps.
+inline size_t count_occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + what.size())) ++n;
+  return n;
+}
+
 inline std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);

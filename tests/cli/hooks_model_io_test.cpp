@@ -27,6 +27,8 @@ namespace fs = std::filesystem;
 namespace crucible {
 namespace {
 
+using e2e::temp_dir;
+
 std::vector<Structure> tial_frames(size_t n) {
   auto all = read_extxyz(std::string(CRUCIBLE_SOURCE_DIR) + "/data/alloy_TiAl/TiAl_tutorial.xyz");
   all.resize(std::min(n, all.size()));
@@ -41,13 +43,6 @@ SchNetOptions tiny_options() {
   o.num_gaussians = 6;
   o.cutoff = 4.0;
   return o;
-}
-
-fs::path temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
 }
 
 TEST(Hooks, ClippingRejectsANonPositiveNorm) {

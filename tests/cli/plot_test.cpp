@@ -6,6 +6,8 @@
 #include "crucible/report/parity_plot.h"
 #include "crucible/report/plot_axes.h"
 
+#include "cli/e2e_helpers.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,11 +18,7 @@
 namespace crucible {
 namespace {
 
-size_t count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-  return n;
-}
+using e2e::count_occurrences;
 
 void expect_good_ticks(double lo, double hi) {
   const AxisTicks t = nice_ticks(lo, hi, 5);
@@ -99,7 +97,7 @@ TEST(ParityPlot, PanelsFiguresColoursAndTheThinningRule) {
   }
   std::string svg = parity_svg(d);
   EXPECT_NE(svg.find(">schnet model runs/x on valid.xyz (3 structures)</text>"), std::string::npos);
-  EXPECT_EQ(count(svg, "class=\"point\""), 3u + 4000u);  // 12000 forces, 1 in 3 drawn
+  EXPECT_EQ(count_occurrences(svg, "class=\"point\""), 3u + 4000u);  // 12000 forces, 1 in 3 drawn
   EXPECT_NE(svg.find("1 in 3 drawn (4000 points)"), std::string::npos);
   char mae[64], rmse[64];
   std::snprintf(mae, sizeof mae, "MAE %.3g meV/", 1000 * abs_sum / 12000);
@@ -107,7 +105,7 @@ TEST(ParityPlot, PanelsFiguresColoursAndTheThinningRule) {
   EXPECT_NE(svg.find(mae), std::string::npos) << mae;
   EXPECT_NE(svg.find(rmse), std::string::npos) << rmse;
   EXPECT_NE(svg.find("config_type:"), std::string::npos);  // a legend for two types
-  EXPECT_GT(count(svg, "#ff7f0e"), 100u);
+  EXPECT_GT(count_occurrences(svg, "#ff7f0e"), 100u);
   EXPECT_EQ(svg.find("stress components"), std::string::npos);  // no stress data, no panel
   EXPECT_NE(svg.find("reference − (-156."), std::string::npos);  // offset notation (energies -156.000..-155.978)
   // A stress panel where stress exists.
@@ -116,7 +114,7 @@ TEST(ParityPlot, PanelsFiguresColoursAndTheThinningRule) {
   d.stress_group = {bulk, bulk, bulk};
   svg = parity_svg(d);
   EXPECT_NE(svg.find("stress components"), std::string::npos);
-  EXPECT_EQ(count(svg, "class=\"point\""), 3u + 4000u + 3u);
+  EXPECT_EQ(count_occurrences(svg, "class=\"point\""), 3u + 4000u + 3u);
   // One config_type: no legend, one colour.
   ParityData one;
   one.energy_ref = {1, 2};

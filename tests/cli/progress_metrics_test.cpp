@@ -10,6 +10,8 @@
 #include "crucible/models/schnet.h"
 #include "crucible/training/strategy.h"
 
+#include "cli/e2e_helpers.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -28,25 +30,9 @@ using json = nlohmann::json;
 namespace crucible {
 namespace {
 
-fs::path metrics_temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-size_t count_occurrences(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + what.size())) ++n;
-  return n;
-}
+using e2e::count_occurrences;
+using e2e::read_text;
+using e2e::temp_dir;
 
 std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> lines;
@@ -284,7 +270,7 @@ TEST(MetricsJsonl, RejectsBadArgumentsAndUncreatableFiles) {
 
 TEST(MetricsJsonl, LinesMatchTheRunAndTheCurveIsWritten) {
   TinyRun run(3);
-  const fs::path dir = metrics_temp_dir("crucible_metrics_jsonl_test");
+  const fs::path dir = temp_dir("crucible_metrics_jsonl_test");
   MetricsJsonlOptions mo;
   mo.log_every_n_steps = 2;
   mo.learning_curve_path = (dir / "learning_curve.svg").string();
@@ -373,7 +359,7 @@ TEST(MetricsJsonl, LinesMatchTheRunAndTheCurveIsWritten) {
 
 TEST(LearningCurve, IsWrittenWhenTheRunThrowsMidway) {
   TinyRun run(3);
-  const fs::path dir = metrics_temp_dir("crucible_learning_curve_crash_test");
+  const fs::path dir = temp_dir("crucible_learning_curve_crash_test");
   MetricsJsonlOptions mo;
   mo.log_every_n_steps = 2;
   mo.learning_curve_path = (dir / "learning_curve.svg").string();
@@ -439,7 +425,7 @@ TEST(LearningCurve, WriteFailuresAreDataErrorsButNeverEscapeExit) {
     EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
   }
 
-  const fs::path dir = metrics_temp_dir("crucible_learning_curve_exit_test");
+  const fs::path dir = temp_dir("crucible_learning_curve_exit_test");
   MetricsJsonlOptions mo;
   mo.learning_curve_path = bad;
   MetricsJsonlHook hook((dir / "metrics.jsonl").string(), mo);

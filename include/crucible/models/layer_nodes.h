@@ -62,7 +62,7 @@ struct LayerPairs {
   /// Whether `edges` (on the CPU) indexes pairs by `edge_pair`'s own
   /// numbering, so that leading_pair_edges may cut it for a prefix whose
   /// pairs first_seen_pairs has checked; false after compact_pairs.
-  bool first_seen = false;
+  bool own_numbering = false;
 
   /// Regroups for the first `edges` edges of `edge_index` [2,E] (pairs
   /// `edge_pair` [E] of `num_pairs`), with `pair_values` [P, ...] (pair

@@ -26,7 +26,8 @@ struct KeyGroups {
 KeyGroups counting_sort(const int64_t* keys, int64_t n, int64_t num_keys);
 
 /// The same sort written into the caller's buffers (no allocation), for
-/// results that live in tensors (group_edges_by_pair, reverse_edge_pairs).
+/// results that live in tensors (group_edges_by_pair); the form above is
+/// built on it.
 ///
 /// @param offsets [num_keys + 2] int64, any contents on entry; on return
 ///                offsets[0 .. num_keys] are KeyGroups::offsets (the last
